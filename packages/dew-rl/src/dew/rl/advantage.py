@@ -1,0 +1,186 @@
+# Copyright 2024 Bytedance Ltd. and/or its affiliates (verl); 2025 Google LLC (Tunix).
+# Ported from verl (verl/trainer/ppo/core_algos.py at revision
+# d040717b21af2e23e8e789a3e354cff2394ae2de) and Tunix 0.1.7 (tunix/rl/algo_core.py), both licensed
+# under the Apache License, Version 2.0 (LICENSE-APACHE); see NOTICE. Changes: rewritten in JAX
+# from the formulas; groups are a reshape; masks select with jnp.where instead of multiplying.
+"""Advantages: rewards in, advantages out.
+
+`group_advantage` and `rloo_advantage` score each completion against the others drawn for the
+same prompt; `gae` runs the temporal-difference recursion of a critic. None of them is
+differentiated: advantages are data for the surrogate.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from dew.rl._checks import check_group, check_rank, check_same_shape, compute_dtype
+from dew.rl.masked import masked_whiten
+
+GROUP_EPS = 1e-6
+"""Added to the group deviation after the square root, as verl's `epsilon` and Tunix's 1e-6."""
+
+
+def _centred_groups(rewards: jax.Array, group: int) -> jax.Array:
+    """`[B / group, group]` rewards minus their group mean; a constant group is exactly 0.
+
+    The mean is taken of the rewards shifted by each group's first reward. A constant group then
+    sums zeros, where `jnp.mean` under `jax.jit` forms `sum * (1 / group)` and, for a group of 3,
+    leaves one ulp: `(r - mean) / (std + eps)` turns that into 0.03 instead of 0.
+    """
+    rewards = jnp.asarray(rewards)
+    grouped = rewards.astype(compute_dtype(rewards)).reshape(-1, group)
+    shifted = grouped - grouped[:, :1]
+    return shifted - jnp.mean(shifted, axis=1, keepdims=True)
+
+
+def group_advantage(
+    rewards: jax.Array,
+    group: int,
+    normalise_by_std: bool = True,
+    eps: float = GROUP_EPS,
+) -> jax.Array:
+    """Group-relative advantage of [B] rewards, group completions per prompt.
+
+    `A_i = (r_i - mean_g(r)) / (std_g(r) + eps)` over the `group` completions of the same prompt,
+    with the unbiased (`ddof=1`) deviation and `eps` added after the square root (GRPO,
+    arXiv:2402.03300). A group whose rewards are all equal gives exactly 0.
+
+    The rollout expands each prompt into group rows next to each other, so a group is a reshape.
+    verl groups by a uid column, which allows ragged groups. Dew's rollout cannot produce those.
+
+    `normalise_by_std=False` is Dr.GRPO (arXiv:2503.20783), which subtracts the group mean without
+    scaling by the deviation. verl spells the same switch `norm_adv_by_std_in_grpo`.
+
+    Reference: verl d040717 `compute_grpo_outcome_advantage`; Tunix 0.1.7
+    `tunix.rl.algo_core.compute_advantages` (and `compute_drgrpo_advantages`). Differs from both where a group has one member: verl returns
+    `r / (1 + eps)` there and Tunix NaN; here `group < 2` is a `ValueError`, as is a batch that
+    does not divide into groups. `group` is static.
+
+    Args:
+      rewards: `[B]` one scalar reward per completion, prompt by prompt.
+      group: completions per prompt, >= 2, dividing B.
+      normalise_by_std: divide by the group deviation (GRPO) or not (Dr.GRPO).
+      eps: added to the deviation.
+
+    Returns:
+      `[B]` advantages, float32 for low-precision input.
+
+    >>> import jax.numpy as jnp
+    >>> rewards = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    >>> print(group_advantage(rewards, group=3))
+    [ 1.1547 -0.5773 -0.5773  0.      0.      0.    ]
+    >>> print(group_advantage(rewards, group=3, normalise_by_std=False))
+    [ 0.6667 -0.3333 -0.3333  0.      0.      0.    ]
+    """
+    check_group("group_advantage", rewards, group)
+    centred = _centred_groups(rewards, group)
+    if normalise_by_std:
+        std = jnp.sqrt(jnp.sum(centred * centred, axis=1, keepdims=True) / (group - 1))
+        centred = centred / (std + eps)
+    return centred.reshape(-1)
+
+
+def rloo_advantage(rewards: jax.Array, group: int) -> jax.Array:
+    """Each completion against the mean of the rest of its group.
+
+    `r_i - mean(r_j, j != i)`, which is `group / (group - 1)` times the centred reward. Tunix writes
+    the first form and verl the second (arXiv:2402.14740). This follows Tunix.
+
+    Computed on rewards shifted by their group's first reward, which changes nothing in exact
+    arithmetic and makes a constant group exactly 0 in floating point.
+
+    Reference: Tunix 0.1.7 `tunix.rl.algo_core.compute_rloo_advantages`; verl d040717
+    `compute_rloo_outcome_advantage` agrees up to rounding. `group < 2` or a batch that does not
+    divide into groups is a `ValueError`. `group` is static.
+
+    >>> import jax.numpy as jnp
+    >>> print(rloo_advantage(jnp.array([1.0, 0.0, 0.0, 2.0]), group=2))
+    [ 1. -1. -2.  2.]
+    """
+    check_group("rloo_advantage", rewards, group)
+    rewards = jnp.asarray(rewards)
+    grouped = rewards.astype(compute_dtype(rewards)).reshape(-1, group)
+    shifted = grouped - grouped[:, :1]
+    rest = (jnp.sum(shifted, axis=1, keepdims=True) - shifted) / (group - 1)
+    return (shifted - rest).reshape(-1)
+
+
+def _gae_step(discount: jax.Array, trace: jax.Array):
+    """One backward step of the masked GAE recursion, for `lax.scan` over time."""
+
+    def step(carry, inputs):
+        advantage, next_value = carry
+        reward, value, keep = inputs
+        delta = reward + discount * next_value - value
+        candidate = delta + trace * advantage
+        advantage = jnp.where(keep, candidate, advantage)
+        next_value = jnp.where(keep, value, next_value)
+        return (advantage, next_value), advantage
+
+    return step
+
+
+def gae(
+    token_rewards: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    gamma: float,
+    lam: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalized advantage estimation over [B, T] rewards and values.
+
+    `delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)` and `A_t = delta_t + gamma * lam * A_{t+1}`,
+    backwards from the last step (arXiv:1506.02438). A masked step contributes nothing and passes
+    the running advantage and the next value through unchanged, so a padded tail leaves the real
+    steps before it undiscounted, and a masked hole mid-row (an observation token) is transparent.
+    Positions outside the mask hold the neighbouring step's carry, as in both references, for the
+    loss to mask again.
+
+    Returns the whitened advantages and the unwhitened returns, in that order. `returns = A + V`
+    happens before the whitening in both references; the whitening is `masked_whiten` over the
+    whole batch.
+
+    The recursion runs in float32 whatever the caller's dtype, the way Tunix's GRPO loss casts its
+    log-probabilities. The whitening subtracts two nearby numbers, and bf16 rounds the difference
+    away. Both outputs are float32.
+
+    The carries are selected with `jnp.where`, where both references blend by multiplying by the
+    mask: a NaN in a padded reward or value stays in its own position here.
+
+    Reference: verl d040717 `compute_gae_advantage_return`; Tunix 0.1.7
+    `tunix.rl.algo_core.compute_gae_advantages`.
+
+    Args:
+      token_rewards: `[B, T]` reward of each step.
+      values: `[B, T]` critic values `V(s_t)`.
+      mask: `[B, T]` bool or 0/1, true on the steps that count.
+      gamma: discount.
+      lam: GAE trace parameter (lambda).
+
+    Returns:
+      `(advantages, returns)`, each `[B, T]` float32.
+
+    >>> import jax.numpy as jnp
+    >>> rewards = jnp.array([[0.0, 0.0, 1.0, 0.0]])
+    >>> values = jnp.zeros((1, 4))
+    >>> mask = jnp.array([[True, True, True, False]])
+    >>> advantages, returns = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    >>> print(returns)
+    [[1. 1. 1. 0.]]
+    """
+    check_rank("gae", "token_rewards", token_rewards, 2, "[B, T]")
+    check_same_shape("gae", "values", values, "token_rewards", token_rewards)
+    check_same_shape("gae", "mask", mask, "token_rewards", token_rewards)
+    rewards = jnp.asarray(token_rewards).astype(jnp.float32)
+    values = jnp.asarray(values).astype(jnp.float32)
+    mask = jnp.asarray(mask).astype(bool)
+    discount = jnp.asarray(gamma, jnp.float32)
+    # gamma * lam first, in the caller's precision, as both references multiply it.
+    trace = jnp.asarray(gamma * lam, jnp.float32)
+    start = (jnp.zeros(rewards.shape[0], jnp.float32),) * 2
+    _, advantages = jax.lax.scan(
+        _gae_step(discount, trace), start, (rewards.T, values.T, mask.T), reverse=True
+    )
+    advantages = advantages.T
+    returns = advantages + values
+    return masked_whiten(advantages, mask), returns

@@ -1,0 +1,362 @@
+# Copyright 2024 Bytedance Ltd. and/or its affiliates (verl); 2025 Google LLC (Tunix).
+# Ported from verl (verl/trainer/ppo/core_algos.py, verl/trainer/ppo/rollout_corr_helper.py at
+# revision d040717b21af2e23e8e789a3e354cff2394ae2de) and Tunix 0.1.7 (tunix/rl/algo_core.py,
+# tunix/rl/common.py, tunix/sft/dpo/dpo_trainer.py), both licensed under the Apache License,
+# Version 2.0 (LICENSE-APACHE); see NOTICE. Changes: rewritten in JAX from the formulas; masks
+# select with jnp.where instead of multiplying; packed sequences for the GSPO ratio.
+"""Surrogates: log-probabilities and advantages in, per-token terms and scalar losses out.
+
+Ratios first (`token_log_ratio`, `sequence_log_ratio`, `behavior_importance_weights`), then the
+losses built on them (`clipped_surrogate`, `clipped_value_loss_terms`, `k3_kl`,
+`preference_logsigmoid`). Where a function takes a mask, masked positions are replaced before any
+arithmetic, so a NaN or inf in padding reaches neither a kept output, nor the loss, nor a gradient.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from dew.rl._checks import check_rank, check_same_shape, check_static, compute_dtype
+from dew.rl.masked import masked_mean, segment_mean, token_mean
+
+LOG_RATIO_BOUND = 20.0
+"""Token log ratios are clamped to +-20 before exponentiating, as in verl and Tunix."""
+
+SEQUENCE_LOG_RATIO_CAP = 10.0
+"""GSPO's sequence log ratio is clamped from above at 10, as in verl and Tunix."""
+
+KL_ESTIMATE_BOUND = 10.0
+"""verl clamps the k3 estimate to +-10."""
+
+
+def _clip(x: jax.Array, low: float | None, high: float | None) -> jax.Array:
+    """`x` clamped to `[low, high]`, with gradient 1 up to and including the bounds.
+
+    `jnp.clip` halves the gradient at a bound, where `torch.clamp` (the references) passes it
+    whole.
+    """
+    if high is not None:
+        x = jnp.where(x > high, high, x)
+    if low is not None:
+        x = jnp.where(x < low, low, x)
+    return x
+
+
+def _as_float(*arrays: jax.Array) -> list[jax.Array]:
+    """The arrays in their common compute dtype (at least float32)."""
+    arrays = [jnp.asarray(a) for a in arrays]
+    dtype = compute_dtype(*arrays)
+    return [a.astype(dtype) for a in arrays]
+
+
+def token_log_ratio(log_probs: jax.Array, old_log_probs: jax.Array) -> jax.Array:
+    """Per-token log pi(a) - log pi_old(a), clamped to +-20.
+
+    `clip(log_probs - old_log_probs, -20, 20)`, elementwise. The clamp bounds what the surrogate
+    exponentiates: `exp(20)` is about 4.9e8. Its gradient is 1 inside the bounds and at them, 0
+    beyond.
+
+    verl calls this `negative_approx_kl` and negates it for its `ppo_kl` metric, which is
+    `-token_mean(token_log_ratio(...), mask)`.
+
+    Reference: verl d040717 `compute_policy_loss_vanilla`; Tunix 0.1.7 `grpo_loss_fn`.
+
+    >>> import jax.numpy as jnp
+    >>> print(token_log_ratio(jnp.array([-1.0, -30.0, 0.0]), jnp.array([-1.5, 0.0, -25.0])))
+    [  0.5 -20.   20. ]
+    """
+    check_same_shape("token_log_ratio", "old_log_probs", old_log_probs, "log_probs", log_probs)
+    log_probs, old_log_probs = _as_float(log_probs, old_log_probs)
+    return _clip(log_probs - old_log_probs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def sequence_log_ratio(
+    log_probs: jax.Array,
+    old_log_probs: jax.Array,
+    mask: jax.Array,
+    segments: jax.Array | None = None,
+) -> jax.Array:
+    """GSPO's sequence-level log ratio, carrying a per-token gradient.
+
+    The sequence ratio is the geometric mean of the token ratios, so its log is the masked mean of
+    the token log ratios (arXiv:2507.18071, equation 6):
+    `s = sum(where(mask, log_probs - old_log_probs, 0)) / max(n, 1)` per sequence. Written as
+    `logp - sg(logp) + sg(s)` the value of every token in a sequence is that one mean, while the
+    derivative with respect to each token's log-probability is that token's own. Dropping either
+    stop-gradient leaves the value untouched and changes every gradient. The tests pin the
+    gradients for that reason. The result is clamped from above at 10 (`min(., 10)`), which zeroes
+    the gradient of a whole sequence whose mean exceeds 10; there is no lower clamp.
+
+    A sequence is a row, or with `segments` one packed chain of it (`segment_mean`), which is what
+    verl's per-row pooling sees when each chain is its own row. A sequence with no kept token gets
+    0.
+
+    Tunix clamps the token log ratios to +-20 before pooling them. This pools the raw difference,
+    as verl's `compute_policy_loss_gspo` does. The clamp at 10 on the result bounds what is
+    exponentiated either way.
+
+    Reference: verl d040717 `compute_policy_loss_gspo`.
+
+    Args:
+      log_probs: `[B, T]` log-probabilities of the policy being trained.
+      old_log_probs: `[B, T]` log-probabilities at rollout time.
+      mask: `[B, T]` bool or 0/1, the completion tokens.
+      segments: optional `[B, T]` int packed-chain ids (>= 1), constant along each chain.
+
+    Returns:
+      `[B, T]` log ratios, every position holding its sequence's value.
+
+    >>> import jax.numpy as jnp
+    >>> log_probs = jnp.array([[-1.0, -2.0, -3.0, 0.0]])
+    >>> old = jnp.array([[-1.5, -2.5, -2.0, 0.0]])
+    >>> mask = jnp.array([[True, True, True, False]])
+    >>> print(sequence_log_ratio(log_probs, old, mask))
+    [[0. 0. 0. 0.]]
+    >>> print(sequence_log_ratio(log_probs, old, mask, segments=jnp.array([[1, 1, 2, 2]])))
+    [[ 0.5  0.5 -1.  -1. ]]
+    """
+    check_rank("sequence_log_ratio", "log_probs", log_probs, 2, "[B, T]")
+    check_same_shape("sequence_log_ratio", "old_log_probs", old_log_probs, "log_probs", log_probs)
+    check_same_shape("sequence_log_ratio", "mask", mask, "log_probs", log_probs)
+    mask = jnp.asarray(mask).astype(bool)
+    log_probs, old_log_probs = _as_float(log_probs, old_log_probs)
+    log_probs = jnp.where(mask, log_probs, 0)
+    old_log_probs = jnp.where(mask, old_log_probs, 0)
+    pooled = segment_mean(log_probs - old_log_probs, mask, segments)
+    carried = log_probs - jax.lax.stop_gradient(log_probs) + jax.lax.stop_gradient(pooled)
+    return _clip(carried, None, SEQUENCE_LOG_RATIO_CAP)
+
+
+def behavior_importance_weights(
+    old_log_probs: jax.Array,
+    behavior_log_probs: jax.Array,
+    mask: jax.Array,
+    cap: float,
+) -> jax.Array:
+    """Detached token TIS weights from recorded raw and behavior policies.
+
+    `sg(min(exp(clip(old_log_probs - behavior_log_probs, -20, 20)), cap))` where `mask` keeps the
+    token and 0 elsewhere: truncated importance sampling between the trainer's recomputed
+    log-probabilities (`old_log_probs`) and the sampler's (`behavior_log_probs`), for when the two
+    engines disagree. Multiply the per-token loss by it before reducing.
+
+    Port of verl `compute_rollout_correction_weights` (token), revision
+    d040717b21af2e23e8e789a3e354cff2394ae2de: exponentiate the log ratio clamped to +-20, mask
+    padding, then cap the weight. No batch normalization or rejection sampling is implied. Token TIS
+    and filtered sampling do not recover an unbiased full-trajectory raw-policy expectation.
+
+    `cap <= 0` is a `ValueError`. Tunix 0.1.7 has no counterpart.
+
+    >>> import jax.numpy as jnp
+    >>> old = jnp.array([[0.0, -1.0, jnp.nan]])
+    >>> behavior = jnp.array([[-1.0, 0.0, 0.0]])
+    >>> mask = jnp.array([[True, True, False]])
+    >>> print(behavior_importance_weights(old, behavior, mask, cap=2.0))
+    [[2.     0.3679 0.    ]]
+    """
+    check_same_shape(
+        "behavior_importance_weights",
+        "behavior_log_probs",
+        behavior_log_probs,
+        "old_log_probs",
+        old_log_probs,
+    )
+    check_same_shape("behavior_importance_weights", "mask", mask, "old_log_probs", old_log_probs)
+    check_static("behavior_importance_weights", "cap", cap, above=0, inclusive=False)
+    mask = jnp.asarray(mask).astype(bool)
+    old_log_probs, behavior_log_probs = _as_float(old_log_probs, behavior_log_probs)
+    log_ratio = jnp.where(mask, old_log_probs - behavior_log_probs, 0)
+    weights = jnp.exp(_clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    weights = jnp.minimum(jnp.where(mask, weights, 0), cap)
+    return jax.lax.stop_gradient(weights)
+
+
+def clipped_surrogate(
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Token-mean reduction of the dual-clipped policy terms.
+
+    With `r = exp(log_ratio)` and `A` the advantages, the per-token loss is
+    `max(-A r, -A clip(r, 1 - epsilon_low, 1 + epsilon_high))` (PPO, arXiv:1707.06347), and with
+    `dual_clip = c`, for `A < 0`, additionally bounded by `-A c` (dual-clip PPO, arXiv:1912.09729),
+    so a very large ratio on a bad token cannot dominate the step. Setting `epsilon_high` above
+    `epsilon_low` is DAPO's clip-higher (arXiv:2503.14476); `dual_clip=None` turns the dual clip
+    off. The loss is `token_mean` of the per-token terms over `mask`.
+
+    Returns the loss and a dict of float32 scalar metrics: `pg_clipfrac`, the masked fraction of
+    tokens where the clipped term binds; `pg_clipfrac_lower`, where the dual clip binds (0 without
+    it); `ppo_kl`, `masked_mean(-log_ratio, mask)`.
+
+    `log_ratio` is used as given: pass `token_log_ratio` (clamped to +-20) or `sequence_log_ratio`
+    (GSPO). `advantages` may be `[B, T]` or `[B]` (one per row, broadcast along T). Gradients at
+    the clip edges follow the references: `clip` passes its gradient at the bound, and a tie
+    between the unclipped and clipped terms splits it evenly.
+
+    Reference: verl d040717 `compute_policy_loss_vanilla` (loss and metrics); Tunix 0.1.7
+    `grpo_loss_fn` with `loss_agg_mode="token-mean"` and `epsilon_c`. `dual_clip <= 1` and negative
+    epsilons are `ValueError`s.
+
+    >>> import jax.numpy as jnp
+    >>> log_ratio = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
+    >>> advantages = jnp.array([1.0])
+    >>> loss, metrics = clipped_surrogate(log_ratio, advantages, jnp.ones((1, 3), bool))
+    >>> print(f"{loss:.4f} {metrics['pg_clipfrac']:.4f}")
+    -0.9000 0.3333
+    """
+    check_rank("clipped_surrogate", "log_ratio", log_ratio, 2, "[B, T]")
+    check_same_shape("clipped_surrogate", "mask", mask, "log_ratio", log_ratio)
+    if jnp.ndim(advantages) == 1:
+        if jnp.shape(advantages)[0] != jnp.shape(log_ratio)[0]:
+            raise ValueError(
+                f"clipped_surrogate: advantages has shape {jnp.shape(advantages)} but log_ratio "
+                f"has shape {jnp.shape(log_ratio)}; per-row advantages must be [B]"
+            )
+        advantages = jnp.asarray(advantages)[:, None]
+    else:
+        check_same_shape("clipped_surrogate", "advantages", advantages, "log_ratio", log_ratio)
+    check_static("clipped_surrogate", "epsilon_low", epsilon_low, above=0, inclusive=True)
+    check_static("clipped_surrogate", "epsilon_high", epsilon_high, above=0, inclusive=True)
+    if dual_clip is not None:
+        check_static("clipped_surrogate", "dual_clip", dual_clip, above=1, inclusive=False)
+    mask = jnp.asarray(mask).astype(bool)
+    log_ratio, advantages = _as_float(log_ratio, advantages)
+    log_ratio = jnp.where(mask, log_ratio, 0)
+    advantages = jnp.where(mask, advantages, 0)
+
+    ratio = jnp.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * _clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = jnp.maximum(unclipped, clipped)
+    clipfrac_lower = jnp.zeros((), jnp.float32)
+    if dual_clip is not None:
+        floor = -advantages * dual_clip
+        negative = advantages < 0
+        clipfrac_lower = masked_mean((per_token > floor) & negative, mask).astype(jnp.float32)
+        per_token = jnp.where(negative, jnp.minimum(floor, per_token), per_token)
+    metrics = {
+        "pg_clipfrac": masked_mean(clipped > unclipped, mask).astype(jnp.float32),
+        "pg_clipfrac_lower": clipfrac_lower,
+        "ppo_kl": masked_mean(-log_ratio, mask).astype(jnp.float32),
+    }
+    return token_mean(per_token, mask), metrics
+
+
+def clipped_value_loss_terms(
+    predicted: jax.Array,
+    returns: jax.Array,
+    old_values: jax.Array,
+    clip: float = 0.2,
+) -> jax.Array:
+    """verl d040717 compute_value_loss, before its token-mask reduction.
+
+    The larger squared error of the live prediction and the prediction clipped around recorded
+    values is multiplied by one half:
+    `0.5 * max((v - R)^2, (clip(v, v_old - clip, v_old + clip) - R)^2)`, per token (the PPO value
+    clipping of arXiv:1707.06347's reference implementation). Targets and recorded values are
+    detached rollout data. Reduce with `token_mean(terms, mask)`.
+
+    Reference: verl d040717 `compute_value_loss`; Tunix 0.1.7 `ppo_value_loss_fn`. Negative
+    `clip` is a `ValueError`.
+
+    >>> import jax.numpy as jnp
+    >>> terms = clipped_value_loss_terms(
+    ...     jnp.array([1.0, 0.5]), jnp.array([0.0, 0.0]), jnp.array([0.5, 0.5]))
+    >>> print(terms)
+    [0.5   0.125]
+    """
+    check_same_shape("clipped_value_loss_terms", "returns", returns, "predicted", predicted)
+    check_same_shape("clipped_value_loss_terms", "old_values", old_values, "predicted", predicted)
+    check_static("clipped_value_loss_terms", "clip", clip, above=0, inclusive=True)
+    predicted, returns, old_values = _as_float(predicted, returns, old_values)
+    returns = jax.lax.stop_gradient(returns)
+    old_values = jax.lax.stop_gradient(old_values)
+    kept_near = jnp.maximum(jnp.minimum(predicted, old_values + clip), old_values - clip)
+    return 0.5 * jnp.maximum(jnp.square(predicted - returns), jnp.square(kept_near - returns))
+
+
+def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
+    """Schulman's k3 estimator of KL(pi || pi_ref), per token.
+
+    `exp(d) - d - 1` for `d = log pi_ref - log pi`, which is non-negative, unbiased and lower
+    variance than `-d` (http://joschu.net/blog/kl-approx.html). verl's
+    `kl_penalty_forward("k3")` clamps `d` to +-20 before the exponential and the estimate to +-10
+    after it, and this follows verl. Without the second clamp one drifted token contributes
+    `exp(20)` to the penalty and dominates the step.
+
+    Aggregate it the way the policy loss is aggregated, `token_mean(kl, mask)`, and add `beta`
+    times that.
+
+    Reference: verl d040717 `kl_penalty("low_var_kl")`; Tunix 0.1.7 `compute_kl_divergence` with
+    `kl_clamp_value=10`.
+
+    >>> import jax.numpy as jnp
+    >>> print(k3_kl(jnp.array([-1.0, -1.0, -20.0]), jnp.array([-1.0, -2.0, 0.0])))
+    [ 0.      0.3679 10.    ]
+    """
+    check_same_shape("k3_kl", "ref_log_probs", ref_log_probs, "log_probs", log_probs)
+    log_probs, ref_log_probs = _as_float(log_probs, ref_log_probs)
+    d = _clip(ref_log_probs - log_probs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return _clip(jnp.exp(d) - d - 1, -KL_ESTIMATE_BOUND, KL_ESTIMATE_BOUND)
+
+
+def preference_logsigmoid(
+    policy_chosen: jax.Array,
+    policy_rejected: jax.Array,
+    ref_chosen: jax.Array,
+    ref_rejected: jax.Array,
+    mask_chosen: jax.Array,
+    mask_rejected: jax.Array,
+    beta: float,
+) -> jax.Array:
+    """Pair-mean reduction of the DPO sigmoid loss.
+
+    Each sequence's log-probability is the sum of its kept per-token log-probabilities,
+    `S = sum_t where(mask, log_probs, 0)`; the chosen mask serves the policy and the reference
+    alike, and so does the rejected one. With
+    `z = beta * ((S_policy_chosen - S_ref_chosen) - (S_policy_rejected - S_ref_rejected))`, the loss
+    is `mean_pairs(-log_sigmoid(z))` (DPO, arXiv:2305.18290). `log_sigmoid` stays finite far in
+    both tails.
+
+    Reference: Tunix 0.1.7 `tunix.sft.dpo.dpo_trainer.dpo_loss_fn` with label smoothing 0; verl
+    has no DPO.
+
+    Args:
+      policy_chosen, ref_chosen, mask_chosen: `[P, Tc]` per-token log-probabilities of the chosen
+        completions under the policy and the reference, and their mask.
+      policy_rejected, ref_rejected, mask_rejected: `[P, Tr]`, the same for the rejected ones.
+      beta: inverse temperature of the implicit reward.
+
+    Returns:
+      The scalar loss.
+
+    >>> import jax.numpy as jnp
+    >>> zeros, mask = jnp.zeros((2, 3)), jnp.ones((2, 3), bool)
+    >>> loss = preference_logsigmoid(zeros, zeros, zeros, zeros, mask, mask, beta=0.1)
+    >>> print(f"{loss:.4f}")  # log 2
+    0.6931
+    """
+    name = "preference_logsigmoid"
+    check_rank(name, "policy_chosen", policy_chosen, 2, "[P, T]")
+    check_rank(name, "policy_rejected", policy_rejected, 2, "[P, T]")
+    check_same_shape(name, "ref_chosen", ref_chosen, "policy_chosen", policy_chosen)
+    check_same_shape(name, "mask_chosen", mask_chosen, "policy_chosen", policy_chosen)
+    check_same_shape(name, "ref_rejected", ref_rejected, "policy_rejected", policy_rejected)
+    check_same_shape(name, "mask_rejected", mask_rejected, "policy_rejected", policy_rejected)
+    if jnp.shape(policy_chosen)[0] != jnp.shape(policy_rejected)[0]:
+        raise ValueError(
+            f"{name}: policy_chosen has shape {jnp.shape(policy_chosen)} but policy_rejected has "
+            f"shape {jnp.shape(policy_rejected)}; they must hold the same number of pairs"
+        )
+    arrays = _as_float(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
+    chosen = jnp.asarray(mask_chosen).astype(bool)
+    rejected = jnp.asarray(mask_rejected).astype(bool)
+    masks = (chosen, rejected, chosen, rejected)
+    policy_c, policy_r, ref_c, ref_r = (
+        jnp.sum(jnp.where(m, a, 0), axis=1) for a, m in zip(arrays, masks, strict=True)
+    )
+    margin = beta * ((policy_c - ref_c) - (policy_r - ref_r))
+    return jnp.mean(-jax.nn.log_sigmoid(margin))

@@ -1,0 +1,81 @@
+"""What an objective is, and how the trainer finds one by name.
+
+An objective turns a model and a `Batch` into a scalar loss. Core defines the protocol and ships a
+supervised objective (`dew.objectives.sft`); the RL objectives live in the `dew-objectives-rl`
+distribution. Core never imports them: every objective, core's own included, is registered under
+the entry-point group `dew.objectives` and loaded from there by name.
+"""
+
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import jax
+
+from dew.batch import Batch
+
+ENTRY_POINT_GROUP = "dew.objectives"
+
+Data = Literal["samples", "demonstrations", "preferences"]
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """A loss over a `Batch`, plus what it needs the rollout to produce.
+
+    Attributes:
+      data: what the rows hold. `"samples"`: `group` completions per prompt drawn from the policy
+        and scored (the RL objectives). `"demonstrations"`: each prompt with the task's correct
+        completion (supervised fine-tuning). `"preferences"`: pairs on adjacent rows, the chosen
+        (correct) completion then a rejected one, `group = 2` (DPO).
+      needs_reference: the trainer fills `batch.ref_log_probs` from a frozen copy of the initial
+        policy.
+      needs_values: the policy carries a value head and the trainer fills `batch.values` with its
+        predictions at rollout time.
+    """
+
+    data: Data
+    needs_reference: bool
+    needs_values: bool
+
+    def prepare(self, batch: Batch) -> Batch:
+        """The batch with what depends only on the rollout filled in (advantages, returns).
+
+        Called once per rollout on the whole batch, before it is split into micro-batches, so
+        group statistics and whitening see every row.
+        """
+        ...
+
+    def loss(self, model: Any, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The scalar loss of `model` on `batch` and a dict of scalar metrics."""
+        ...
+
+    def loss_weight(self, batch: Batch) -> jax.Array:
+        """How many terms the loss averages over (tokens, rows or pairs).
+
+        Micro-batch losses combine exactly as `sum_k w_k * loss_k / sum_k w_k`: for a token mean,
+        `w_k * loss_k` is the micro-batch's token sum, so the result is the token mean of the whole
+        batch rather than a mean of means.
+        """
+        ...
+
+
+def available_objectives() -> dict[str, Any]:
+    """The registered objectives, name to entry point, sorted by name."""
+    found = entry_points(group=ENTRY_POINT_GROUP)
+    return {point.name: point for point in sorted(found, key=lambda p: p.name)}
+
+
+def objective_class(name: str) -> type:
+    """The class registered as objective `name`, or `ValueError` listing the available ones."""
+    registered = available_objectives()
+    if name not in registered:
+        raise ValueError(
+            f"unknown objective {name!r}; available: {', '.join(registered) or 'none installed'}"
+        )
+    return registered[name].load()
+
+
+def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
+    """Objective `name`, built with the hyperparameters in `options`."""
+    return objective_class(name)(**(options or {}))
