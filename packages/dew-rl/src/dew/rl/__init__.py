@@ -17,13 +17,17 @@ notice; the rest of Dew is MIT.
 from dew.rl.advantage import GROUP_EPS as GROUP_EPS
 from dew.rl.advantage import gae as gae
 from dew.rl.advantage import group_advantage as group_advantage
+from dew.rl.advantage import overlong_penalty as overlong_penalty
 from dew.rl.advantage import rloo_advantage as rloo_advantage
+from dew.rl.advantage import terminal_rewards as terminal_rewards
+from dew.rl.masked import constant_length_mean as constant_length_mean
 from dew.rl.masked import masked_mean as masked_mean
 from dew.rl.masked import masked_whiten as masked_whiten
 from dew.rl.masked import segment_mean as segment_mean
 from dew.rl.masked import token_mean as token_mean
 from dew.rl.surrogate import behavior_importance_weights as behavior_importance_weights
 from dew.rl.surrogate import clipped_surrogate as clipped_surrogate
+from dew.rl.surrogate import clipped_surrogate_terms as clipped_surrogate_terms
 from dew.rl.surrogate import clipped_value_loss_terms as clipped_value_loss_terms
 from dew.rl.surrogate import k3_kl as k3_kl
 from dew.rl.surrogate import preference_logsigmoid as preference_logsigmoid
@@ -34,16 +38,20 @@ __all__ = [
     "GROUP_EPS",
     "behavior_importance_weights",
     "clipped_surrogate",
+    "clipped_surrogate_terms",
     "clipped_value_loss_terms",
+    "constant_length_mean",
     "gae",
     "group_advantage",
     "k3_kl",
     "masked_mean",
     "masked_whiten",
+    "overlong_penalty",
     "preference_logsigmoid",
     "rloo_advantage",
     "segment_mean",
     "sequence_log_ratio",
+    "terminal_rewards",
     "token_log_ratio",
     "token_mean",
 ]

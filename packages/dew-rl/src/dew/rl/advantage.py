@@ -52,9 +52,10 @@ def group_advantage(
     scaling by the deviation. verl spells the same switch `norm_adv_by_std_in_grpo`.
 
     Reference: verl d040717 `compute_grpo_outcome_advantage`; Tunix 0.1.7
-    `tunix.rl.algo_core.compute_advantages` (and `compute_drgrpo_advantages`). Differs from both where a group has one member: verl returns
-    `r / (1 + eps)` there and Tunix NaN; here `group < 2` is a `ValueError`, as is a batch that
-    does not divide into groups. `group` is static.
+    `tunix.rl.algo_core.compute_advantages` (and `compute_drgrpo_advantages`). Differs from both
+    where a group has one member: verl returns `r / (1 + eps)` there and Tunix NaN; here
+    `group < 2` is a `ValueError`, as is a batch that does not divide into groups. `group` is
+    static.
 
     Args:
       rewards: `[B]` one scalar reward per completion, prompt by prompt.
@@ -103,6 +104,66 @@ def rloo_advantage(rewards: jax.Array, group: int) -> jax.Array:
     shifted = grouped - grouped[:, :1]
     rest = (jnp.sum(shifted, axis=1, keepdims=True) - shifted) / (group - 1)
     return (shifted - rest).reshape(-1)
+
+
+def terminal_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
+    """`[B, T]` token rewards holding each row's reward at its last kept position, 0 elsewhere.
+
+    The outcome-reward layout of RLHF-style PPO: the sequence's score arrives with its final
+    token, and `gae` propagates it backwards. A row with no kept position gets no reward.
+
+    Reference: verl d040717's reward managers write the score at `valid_response_length - 1`;
+    Tunix 0.1.7's PPO learner at the last completion token. Masked positions inside a row (holes)
+    are skipped: the last kept position is the one that counts.
+
+    >>> import jax.numpy as jnp
+    >>> mask = jnp.array([[True, True, False], [True, False, True], [False, False, False]])
+    >>> print(terminal_rewards(jnp.array([1.0, 2.0, 3.0]), mask))
+    [[0. 1. 0.]
+     [0. 0. 2.]
+     [0. 0. 0.]]
+    """
+    check_rank("terminal_rewards", "rewards", rewards, 1, "[B]")
+    check_rank("terminal_rewards", "mask", mask, 2, "[B, T]")
+    if jnp.shape(mask)[0] != jnp.shape(rewards)[0]:
+        raise ValueError(
+            f"terminal_rewards: mask has shape {jnp.shape(mask)} but rewards has shape "
+            f"{jnp.shape(rewards)}; they must have the same number of rows"
+        )
+    mask = jnp.asarray(mask).astype(bool)
+    rewards = jnp.asarray(rewards)
+    position = jnp.arange(mask.shape[1])
+    last = jnp.max(jnp.where(mask, position, -1), axis=1, keepdims=True)
+    at_last = mask & (position == last)
+    return jnp.where(at_last, rewards.astype(compute_dtype(rewards))[:, None], 0)
+
+
+def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array:
+    """`[B]` DAPO's soft overlong punishment of each row's completion length.
+
+    With `L = sum(mask)` per row, `L_max = max_length` and `L_cache = buffer`:
+    0 while `L <= L_max - L_cache`, `((L_max - L_cache) - L) / L_cache` inside the buffer zone,
+    and -1 beyond `L_max`. Added to the task reward, it discourages answers that run into the
+    generation budget without punishing the ones that end in time (DAPO, arXiv:2503.14476,
+    equation 13).
+
+    Reference: verl d040717's DAPO reward manager (`overlong_buffer`), whose penalty factor 1 this
+    keeps. `max_length <= buffer` or `buffer < 1` is a `ValueError`.
+
+    >>> import jax.numpy as jnp
+    >>> mask = jnp.arange(8)[None, :] < jnp.array([[4], [6], [7], [8]])
+    >>> print(overlong_penalty(mask, max_length=7, buffer=2))
+    [ 0.  -0.5 -1.  -1. ]
+    """
+    check_rank("overlong_penalty", "mask", mask, 2, "[B, T]")
+    if buffer < 1 or max_length <= buffer:
+        raise ValueError(
+            f"overlong_penalty: need 1 <= buffer < max_length, got buffer={buffer}, "
+            f"max_length={max_length}"
+        )
+    length = jnp.sum(jnp.asarray(mask).astype(bool), axis=1).astype(jnp.float32)
+    penalty = ((max_length - buffer) - length) / buffer
+    return jnp.clip(jnp.minimum(penalty, 0.0), -1.0, 0.0)
 
 
 def _gae_step(discount: jax.Array, trace: jax.Array):

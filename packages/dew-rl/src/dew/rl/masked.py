@@ -168,3 +168,32 @@ def segment_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = Non
     total = jax.ops.segment_sum(kept.reshape(-1), chain, num_segments=rows * length)
     n = jax.ops.segment_sum(count.reshape(-1), chain, num_segments=rows * length)
     return (total / jnp.maximum(n, 1))[chain].reshape(rows, length)
+
+
+def constant_length_mean(x: jax.Array, mask: jax.Array, length: int | None = None) -> jax.Array:
+    """Mean over rows of each row's kept sum, divided by one constant length.
+
+    `sum(where(mask, x, 0)) / (B * length)` for `[B, T]` x, with `length` defaulting to T. Every
+    token weighs `1 / (B * length)` whatever its row's length, so neither long nor short answers
+    are favoured: Dr.GRPO's length-unbiased aggregation (arXiv:2503.20783), which replaces
+    GRPO's per-sequence `1 / |o_i|` by a constant generation budget. Micro-batches combine
+    exactly as a mean weighted by their row counts.
+
+    Reference: Dr.GRPO's `MAX_TOKENS` normaliser; verl d040717 `agg_loss("seq-mean-token-sum-norm")`
+    divides the same sum by `length` alone (a sum, not a mean, over rows), which is B times this
+    and a learning-rate rescale away from it; Dew keeps the row mean so the loss does not grow
+    with the batch.
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.array([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 0.0, 0.0]])
+    >>> mask = jnp.array([[True, True, True, True], [True, True, False, False]])
+    >>> print(constant_length_mean(x, mask))
+    1.0
+    """
+    check_rank("constant_length_mean", "x", x, 2, "[B, T]")
+    check_same_shape("constant_length_mean", "mask", mask, "x", x)
+    length = jnp.shape(x)[1] if length is None else length
+    if isinstance(length, int) and length < 1:
+        raise ValueError(f"constant_length_mean: length must be >= 1, got {length}")
+    kept, _ = _kept(x, mask)
+    return jnp.sum(kept) / (kept.shape[0] * length)

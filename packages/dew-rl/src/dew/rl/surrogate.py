@@ -170,6 +170,81 @@ def behavior_importance_weights(
     return jax.lax.stop_gradient(weights)
 
 
+def clipped_surrogate_terms(
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-token dual-clipped policy terms, before any reduction, and their metrics.
+
+    With `r = exp(log_ratio)` and `A` the advantages, each kept token's term is
+    `max(-A r, -A clip(r, 1 - epsilon_low, 1 + epsilon_high))` (PPO, arXiv:1707.06347), and with
+    `dual_clip = c`, for `A < 0`, additionally bounded by `-A c` (dual-clip PPO, arXiv:1912.09729),
+    so a very large ratio on a bad token cannot dominate the step. Setting `epsilon_high` above
+    `epsilon_low` is DAPO's clip-higher (arXiv:2503.14476); `dual_clip=None` turns the dual clip
+    off. Masked positions hold 0.
+
+    `clipped_surrogate` is `token_mean` of these terms; an objective that reduces differently
+    (Dr.GRPO's `constant_length_mean`) takes the terms from here. The metrics are float32 scalars:
+    `pg_clipfrac`, the masked fraction of tokens where the clipped term binds; `pg_clipfrac_lower`,
+    where the dual clip binds (0 without it); `ppo_kl`, `masked_mean(-log_ratio, mask)`.
+
+    `log_ratio` is used as given: pass `token_log_ratio` (clamped to +-20) or `sequence_log_ratio`
+    (GSPO). `advantages` may be `[B, T]` or `[B]` (one per row, broadcast along T). Gradients at
+    the clip edges follow the references: `clip` passes its gradient at the bound, and a tie
+    between the unclipped and clipped terms splits it evenly.
+
+    Reference: verl d040717 `compute_policy_loss_vanilla` before its `agg_loss`; Tunix 0.1.7
+    `grpo_loss_fn` with `epsilon_c`. `dual_clip <= 1` and negative epsilons are `ValueError`s.
+
+    >>> import jax.numpy as jnp
+    >>> log_ratio = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
+    >>> terms, _ = clipped_surrogate_terms(log_ratio, jnp.array([1.0]), jnp.ones((1, 3), bool))
+    >>> print(terms)
+    [[-1.  -1.2 -0.5]]
+    """
+    name = "clipped_surrogate"
+    check_rank(name, "log_ratio", log_ratio, 2, "[B, T]")
+    check_same_shape(name, "mask", mask, "log_ratio", log_ratio)
+    if jnp.ndim(advantages) == 1:
+        if jnp.shape(advantages)[0] != jnp.shape(log_ratio)[0]:
+            raise ValueError(
+                f"{name}: advantages has shape {jnp.shape(advantages)} but log_ratio has shape "
+                f"{jnp.shape(log_ratio)}; per-row advantages must be [B]"
+            )
+        advantages = jnp.asarray(advantages)[:, None]
+    else:
+        check_same_shape(name, "advantages", advantages, "log_ratio", log_ratio)
+    check_static(name, "epsilon_low", epsilon_low, above=0, inclusive=True)
+    check_static(name, "epsilon_high", epsilon_high, above=0, inclusive=True)
+    if dual_clip is not None:
+        check_static(name, "dual_clip", dual_clip, above=1, inclusive=False)
+    mask = jnp.asarray(mask).astype(bool)
+    log_ratio, advantages = _as_float(log_ratio, advantages)
+    log_ratio = jnp.where(mask, log_ratio, 0)
+    advantages = jnp.where(mask, advantages, 0)
+
+    ratio = jnp.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * _clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    terms = jnp.maximum(unclipped, clipped)
+    clipfrac_lower = jnp.zeros((), jnp.float32)
+    if dual_clip is not None:
+        floor = -advantages * dual_clip
+        negative = advantages < 0
+        clipfrac_lower = masked_mean((terms > floor) & negative, mask).astype(jnp.float32)
+        terms = jnp.where(negative, jnp.minimum(floor, terms), terms)
+    metrics = {
+        "pg_clipfrac": masked_mean(clipped > unclipped, mask).astype(jnp.float32),
+        "pg_clipfrac_lower": clipfrac_lower,
+        "ppo_kl": masked_mean(-log_ratio, mask).astype(jnp.float32),
+    }
+    return terms, metrics
+
+
 def clipped_surrogate(
     log_ratio: jax.Array,
     advantages: jax.Array,
@@ -180,25 +255,18 @@ def clipped_surrogate(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-mean reduction of the dual-clipped policy terms.
 
-    With `r = exp(log_ratio)` and `A` the advantages, the per-token loss is
-    `max(-A r, -A clip(r, 1 - epsilon_low, 1 + epsilon_high))` (PPO, arXiv:1707.06347), and with
-    `dual_clip = c`, for `A < 0`, additionally bounded by `-A c` (dual-clip PPO, arXiv:1912.09729),
-    so a very large ratio on a bad token cannot dominate the step. Setting `epsilon_high` above
-    `epsilon_low` is DAPO's clip-higher (arXiv:2503.14476); `dual_clip=None` turns the dual clip
-    off. The loss is `token_mean` of the per-token terms over `mask`.
+    `token_mean(clipped_surrogate_terms(...), mask)`: with `r = exp(log_ratio)` and `A` the
+    advantages, each token's term is `max(-A r, -A clip(r, 1 - epsilon_low, 1 + epsilon_high))`
+    (PPO, arXiv:1707.06347), bounded by `-A dual_clip` where `A < 0` (arXiv:1912.09729); see
+    `clipped_surrogate_terms` for the details, the gradients at the clip edges and the accepted
+    advantage shapes (`[B, T]` or `[B]`).
 
-    Returns the loss and a dict of float32 scalar metrics: `pg_clipfrac`, the masked fraction of
-    tokens where the clipped term binds; `pg_clipfrac_lower`, where the dual clip binds (0 without
-    it); `ppo_kl`, `masked_mean(-log_ratio, mask)`.
-
-    `log_ratio` is used as given: pass `token_log_ratio` (clamped to +-20) or `sequence_log_ratio`
-    (GSPO). `advantages` may be `[B, T]` or `[B]` (one per row, broadcast along T). Gradients at
-    the clip edges follow the references: `clip` passes its gradient at the bound, and a tie
-    between the unclipped and clipped terms splits it evenly.
+    Returns the loss and a dict of float32 scalar metrics: `pg_clipfrac`, `pg_clipfrac_lower` and
+    `ppo_kl` (`masked_mean(-log_ratio, mask)`).
 
     Reference: verl d040717 `compute_policy_loss_vanilla` (loss and metrics); Tunix 0.1.7
-    `grpo_loss_fn` with `loss_agg_mode="token-mean"` and `epsilon_c`. `dual_clip <= 1` and negative
-    epsilons are `ValueError`s.
+    `grpo_loss_fn` with token-mean and `epsilon_c`. `dual_clip <= 1` and negative epsilons are
+    `ValueError`s.
 
     >>> import jax.numpy as jnp
     >>> log_ratio = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
@@ -207,42 +275,10 @@ def clipped_surrogate(
     >>> print(f"{loss:.4f} {metrics['pg_clipfrac']:.4f}")
     -0.9000 0.3333
     """
-    check_rank("clipped_surrogate", "log_ratio", log_ratio, 2, "[B, T]")
-    check_same_shape("clipped_surrogate", "mask", mask, "log_ratio", log_ratio)
-    if jnp.ndim(advantages) == 1:
-        if jnp.shape(advantages)[0] != jnp.shape(log_ratio)[0]:
-            raise ValueError(
-                f"clipped_surrogate: advantages has shape {jnp.shape(advantages)} but log_ratio "
-                f"has shape {jnp.shape(log_ratio)}; per-row advantages must be [B]"
-            )
-        advantages = jnp.asarray(advantages)[:, None]
-    else:
-        check_same_shape("clipped_surrogate", "advantages", advantages, "log_ratio", log_ratio)
-    check_static("clipped_surrogate", "epsilon_low", epsilon_low, above=0, inclusive=True)
-    check_static("clipped_surrogate", "epsilon_high", epsilon_high, above=0, inclusive=True)
-    if dual_clip is not None:
-        check_static("clipped_surrogate", "dual_clip", dual_clip, above=1, inclusive=False)
-    mask = jnp.asarray(mask).astype(bool)
-    log_ratio, advantages = _as_float(log_ratio, advantages)
-    log_ratio = jnp.where(mask, log_ratio, 0)
-    advantages = jnp.where(mask, advantages, 0)
-
-    ratio = jnp.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * _clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token = jnp.maximum(unclipped, clipped)
-    clipfrac_lower = jnp.zeros((), jnp.float32)
-    if dual_clip is not None:
-        floor = -advantages * dual_clip
-        negative = advantages < 0
-        clipfrac_lower = masked_mean((per_token > floor) & negative, mask).astype(jnp.float32)
-        per_token = jnp.where(negative, jnp.minimum(floor, per_token), per_token)
-    metrics = {
-        "pg_clipfrac": masked_mean(clipped > unclipped, mask).astype(jnp.float32),
-        "pg_clipfrac_lower": clipfrac_lower,
-        "ppo_kl": masked_mean(-log_ratio, mask).astype(jnp.float32),
-    }
-    return token_mean(per_token, mask), metrics
+    terms, metrics = clipped_surrogate_terms(
+        log_ratio, advantages, mask, epsilon_low, epsilon_high, dual_clip
+    )
+    return token_mean(terms, mask), metrics
 
 
 def clipped_value_loss_terms(
