@@ -45,7 +45,7 @@ def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
     Args:
       x: values, any shape.
       mask: bool or 0/1, the shape of `x`; true where a value counts.
-      axis: axis or axes to reduce, or None for all.
+      axis (int | tuple[int, ...] | None): axis or axes to reduce, or None for all.
 
     Returns:
       The masked mean, with `axis` reduced away.

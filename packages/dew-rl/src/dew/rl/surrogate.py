@@ -117,6 +117,8 @@ def sequence_log_ratio(
     check_rank("sequence_log_ratio", "log_probs", log_probs, 2, "[B, T]")
     check_same_shape("sequence_log_ratio", "old_log_probs", old_log_probs, "log_probs", log_probs)
     check_same_shape("sequence_log_ratio", "mask", mask, "log_probs", log_probs)
+    if segments is not None:
+        check_same_shape("sequence_log_ratio", "segments", segments, "log_probs", log_probs)
     mask = jnp.asarray(mask).astype(bool)
     log_probs, old_log_probs = _as_float(log_probs, old_log_probs)
     log_probs = jnp.where(mask, log_probs, 0)
@@ -361,9 +363,13 @@ def preference_logsigmoid(
     has no DPO.
 
     Args:
-      policy_chosen, ref_chosen, mask_chosen: `[P, Tc]` per-token log-probabilities of the chosen
-        completions under the policy and the reference, and their mask.
-      policy_rejected, ref_rejected, mask_rejected: `[P, Tr]`, the same for the rejected ones.
+      policy_chosen: `[P, Tc]` per-token log-probabilities of the chosen completions under the
+        policy.
+      policy_rejected: `[P, Tr]` the same for the rejected completions.
+      ref_chosen: `[P, Tc]` the chosen completions under the frozen reference.
+      ref_rejected: `[P, Tr]` the rejected completions under the reference.
+      mask_chosen: `[P, Tc]` bool or 0/1, the chosen completions' tokens.
+      mask_rejected: `[P, Tr]` bool or 0/1, the rejected completions' tokens.
       beta: inverse temperature of the implicit reward.
 
     Returns:

@@ -1,0 +1,262 @@
+"""How close each `dew.rl` function runs to the memory-bandwidth floor, and which GAE form is fastest.
+
+Run by hand: `uv run python benchmarks/rl_math.py [--sizes 64x512,256x4096] [--repeats 7]`.
+
+For every public function of `dew.rl`, jitted and warm, at each B x T and for float32 and bf16
+inputs: the median time of the forward pass (and of `value_and_grad` for the losses), the bytes it
+must move at least (each input read once, each output written once), the effective GB/s, and the
+ratio of its time to the floor `bytes / copy bandwidth`, where the copy bandwidth is measured in
+the same run (`x + 1` over a large float32 array: one read, one write). Then GAE's three forms
+side by side. Prints tables; writes `benchmarks/results/rl_math.json`.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dew.rl as rl
+
+RESULTS = Path(__file__).parent / "results"
+LOSSES = {
+    "clipped_surrogate",
+    "clipped_value_loss_terms",
+    "k3_kl",
+    "preference_logsigmoid",
+    "sequence_log_ratio",
+    "token_mean",
+    "masked_mean",
+    "constant_length_mean",
+    "token_log_ratio",
+}
+
+
+def timed(function: Callable, *args, repeats: int) -> float:
+    """Median wall time in seconds of `function(*args)`, after one warm-up call."""
+    jax.block_until_ready(function(*args))
+    samples = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        jax.block_until_ready(function(*args))
+        samples.append(time.perf_counter() - began)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(repeats: int) -> float:
+    """Bytes per second of `x + 1` over 256 MiB of float32: one read and one write per element."""
+    x = jnp.ones((64 * 1024 * 1024,), jnp.float32)
+    seconds = timed(jax.jit(lambda x: x + 1.0), x, repeats=repeats)
+    return 2 * x.nbytes / seconds
+
+
+def inputs(name: str, b: int, t: int, dtype, key) -> tuple[tuple, dict]:
+    """Arguments (arrays first, then static keywords) for calling `dew.rl.<name>` at B x T."""
+    keys = jax.random.split(key, 6)
+    normal = [jax.random.normal(k, (b, t), jnp.float32) for k in keys]
+    lengths = jax.random.randint(keys[5], (b, 1), t // 2, t + 1)
+    mask = jnp.arange(t)[None, :] < lengths
+    floats = [x.astype(dtype) for x in normal]
+    rewards = jax.random.uniform(keys[0], (b,), jnp.float32).astype(dtype)
+    lp, old, ref = (-jnp.abs(x) for x in floats[:3])
+    table = {
+        "behavior_importance_weights": ((lp, old, mask), {"cap": 2.0}),
+        "clipped_surrogate": ((0.1 * floats[0], floats[1], mask), {}),
+        "clipped_surrogate_terms": ((0.1 * floats[0], floats[1], mask), {}),
+        "clipped_value_loss_terms": ((floats[0], floats[1], floats[2]), {}),
+        "constant_length_mean": ((floats[0], mask), {}),
+        "gae": ((floats[0], floats[1], mask), {"gamma": 1.0, "lam": 0.95}),
+        "group_advantage": ((rewards,), {"group": 8}),
+        "k3_kl": ((lp, ref), {}),
+        "masked_mean": ((floats[0], mask), {}),
+        "masked_whiten": ((floats[0], mask), {}),
+        "overlong_penalty": ((mask,), {"max_length": t, "buffer": t // 4}),
+        "preference_logsigmoid": (
+            (lp[0::2], lp[1::2], ref[0::2], ref[1::2], mask[0::2], mask[1::2]),
+            {"beta": 0.1},
+        ),
+        "rloo_advantage": ((rewards,), {"group": 8}),
+        "segment_mean": ((floats[0], mask), {}),
+        "sequence_log_ratio": ((lp, old, mask), {}),
+        "terminal_rewards": ((rewards, mask), {}),
+        "token_log_ratio": ((lp, old), {}),
+        "token_mean": ((floats[0], mask), {}),
+    }
+    return table[name]
+
+
+def nbytes(tree) -> int:
+    return sum(np.asarray(x).nbytes if np.ndim(x) else 0 for x in jax.tree.leaves(tree))
+
+
+def bench_function(name, b, t, dtype, repeats, bandwidth, key) -> list[dict]:
+    """One row per mode (forward, and value_and_grad for the losses) of `name` at B x T."""
+    args, static = inputs(name, b, t, dtype, key)
+    function = getattr(rl, name)
+    forward = jax.jit(lambda *a: function(*a, **static))
+    modes = [("forward", forward, args)]
+    if name in LOSSES:
+
+        def scalar(first, *rest):
+            out = function(first, *rest, **static)
+            out = out[0] if isinstance(out, tuple) else out
+            return jnp.sum(out.astype(jnp.float32))
+
+        modes.append(("value_and_grad", jax.jit(jax.value_and_grad(scalar)), args))
+    rows = []
+    for mode, compiled, arguments in modes:
+        out = jax.block_until_ready(compiled(*arguments))
+        seconds = timed(compiled, *arguments, repeats=repeats)
+        moved = nbytes(arguments) + nbytes(out)
+        floor = moved / bandwidth
+        rows.append({
+            "function": name, "B": b, "T": t, "dtype": jnp.dtype(dtype).name, "mode": mode,
+            "ms": 1e3 * seconds, "min_bytes_MB": moved / 1e6, "GB_s": moved / seconds / 1e9,
+            "x_floor": seconds / floor,
+        })  # fmt: skip
+    return rows
+
+
+# The three forms of GAE's recursion. Each returns the unwhitened advantages; `gae` whitens them.
+
+
+def gae_scan_transposed(rewards, values, mask, gamma, lam):
+    """`lax.scan` over T of the transposed `[T, B]` arrays: the usual form, one row per step."""
+    step = rl.advantage._gae_step(jnp.float32(gamma), jnp.float32(gamma * lam))
+    start = (jnp.zeros(rewards.shape[0], jnp.float32),) * 2
+    _, out = jax.lax.scan(step, start, (rewards.T, values.T, mask.T), reverse=True)
+    return out.T
+
+
+def gae_scan_untransposed(rewards, values, mask, gamma, lam):
+    """A loop over T that reads and writes columns of the `[B, T]` arrays in place."""
+    step = rl.advantage._gae_step(jnp.float32(gamma), jnp.float32(gamma * lam))
+    steps = rewards.shape[1]
+
+    def body(i, state):
+        carry, out = state
+        t = steps - 1 - i
+        column = [jax.lax.dynamic_index_in_dim(x, t, 1, False) for x in (rewards, values, mask)]
+        carry, advantage = step(carry, column)
+        return carry, jax.lax.dynamic_update_index_in_dim(out, advantage, t, 1)
+
+    start = ((jnp.zeros(rewards.shape[0], jnp.float32),) * 2, jnp.zeros_like(rewards))
+    return jax.lax.fori_loop(0, steps, body, start)[1]
+
+
+def gae_associative(rewards, values, mask, gamma, lam):
+    """`lax.associative_scan` over the affine recurrence `A_t = c_t A_{t+1} + b_t`.
+
+    The next kept value is itself a scan (the nearest kept position to the right); then
+    `c_t = gamma lam` and `b_t = delta_t` where the step is kept, `c_t = 1` and `b_t = 0` where
+    it is not, and affine maps compose associatively.
+    """
+
+    def nearest_kept(right, left):
+        value_r, kept_r = right
+        value_l, kept_l = left
+        return jnp.where(kept_l, value_l, value_r), kept_l | kept_r
+
+    shifted_values = jnp.concatenate([values[:, 1:], jnp.zeros_like(values[:, :1])], axis=1)
+    shifted_mask = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)
+    next_value, _ = jax.lax.associative_scan(
+        nearest_kept, (shifted_values, shifted_mask), reverse=True, axis=1
+    )
+    delta = rewards + gamma * next_value - values
+    scale = jnp.where(mask, jnp.float32(gamma * lam), 1.0)
+    offset = jnp.where(mask, delta, 0.0)
+
+    def compose(later, earlier):
+        scale_r, offset_r = later
+        scale_l, offset_l = earlier
+        return scale_l * scale_r, scale_l * offset_r + offset_l
+
+    _, advantages = jax.lax.associative_scan(compose, (scale, offset), reverse=True, axis=1)
+    return advantages
+
+
+GAE_FORMS = {
+    "scan_transposed": gae_scan_transposed,
+    "scan_untransposed": gae_scan_untransposed,
+    "associative_scan": gae_associative,
+}
+
+
+def bench_gae_forms(b, t, repeats, bandwidth, key) -> list[dict]:
+    """The three forms at B x T in float32: time, ratio to the fastest, max difference."""
+    keys = jax.random.split(key, 3)
+    rewards = jax.random.normal(keys[0], (b, t), jnp.float32)
+    values = jax.random.normal(keys[1], (b, t), jnp.float32)
+    mask = jnp.arange(t)[None, :] < jax.random.randint(keys[2], (b, 1), t // 2, t + 1)
+    reference = jax.jit(lambda r, v, m: gae_scan_transposed(r, v, m, 1.0, 0.95))(
+        rewards, values, mask
+    )
+    rows = []
+    for form, function in GAE_FORMS.items():
+        compiled = jax.jit(lambda r, v, m, f=function: f(r, v, m, 1.0, 0.95))
+        out = compiled(rewards, values, mask)
+        seconds = timed(compiled, rewards, values, mask, repeats=repeats)
+        moved = nbytes((rewards, values, mask)) + nbytes(out)
+        rows.append({
+            "form": form, "B": b, "T": t, "ms": 1e3 * seconds,
+            "x_floor": seconds / (moved / bandwidth),
+            "max_abs_diff": float(jnp.max(jnp.abs(jnp.where(mask, out - reference, 0)))),
+        })  # fmt: skip
+    fastest = min(row["ms"] for row in rows)
+    for row in rows:
+        row["x_fastest"] = row["ms"] / fastest
+    return rows
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    def cell(value):
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    widths = [max(len(c), *(len(cell(r[c])) for r in rows)) for c in columns]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(cell(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)) for r in rows]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="64x512,256x4096,1024x8192")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--functions", default="", help="comma-separated; all when empty")
+    args = parser.parse_args()
+    sizes = [tuple(int(n) for n in s.split("x")) for s in args.sizes.split(",")]
+    names = args.functions.split(",") if args.functions else [
+        name for name in rl.__all__ if callable(getattr(rl, name))
+    ]  # fmt: skip
+    key = jax.random.key(0)
+    bandwidth = copy_bandwidth(args.repeats)
+    machine = {
+        "device": str(jax.devices()[0].device_kind), "platform": jax.default_backend(),
+        "devices": jax.device_count(), "cpu": platform.processor() or platform.machine(),
+        "jax": jax.__version__, "copy_GB_s": bandwidth / 1e9,
+    }  # fmt: skip
+    print(f"machine: {machine}")
+    rows = []
+    for b, t in sizes:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for name in names:
+                rows += bench_function(name, b, t, dtype, args.repeats, bandwidth, key)
+    columns = ["function", "B", "T", "dtype", "mode", "ms", "min_bytes_MB", "GB_s", "x_floor"]
+    print(table(rows, columns))
+    forms = [row for b, t in sizes for row in bench_gae_forms(b, t, args.repeats, bandwidth, key)]
+    print("\nGAE forms (float32, unwhitened advantages)")
+    print(table(forms, ["form", "B", "T", "ms", "x_floor", "x_fastest", "max_abs_diff"]))
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "rl_math.json"
+    out.write_text(json.dumps({"machine": machine, "functions": rows, "gae_forms": forms}, indent=1))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

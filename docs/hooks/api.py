@@ -1,0 +1,56 @@
+"""mkdocs hook: each API section is generated from its module's `__all__` and docstrings.
+
+A page writes `<!-- api: MODULE -->` (optionally `<!-- api: MODULE heading=3 -->`); the hook
+replaces it with a **Name | Summary** table of the module's public functions and classes, in
+alphabetical order, each name linking to its entry, then one mkdocstrings block per public name
+(signature, docstring, collapsible source), constants last. Nothing is copied by hand, so the docs
+cannot drift from the code, and a name added to `__all__` appears without touching the page.
+"""
+
+import importlib
+import inspect
+import re
+
+MARKER = re.compile(r"<!-- api: (?P<module>[\w.]+)(?: heading=(?P<heading>\d))? -->")
+
+
+def summary(obj) -> str:
+    """The first line of `obj`'s docstring: what it returns or what it is."""
+    doc = (inspect.getdoc(obj) or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def public_names(module_name: str) -> tuple[list[str], list[str]]:
+    """The module's `__all__`, split into callables and constants, each sorted by name."""
+    module = importlib.import_module(module_name)
+    names = sorted(module.__all__, key=lambda name: (name.lower(), name))
+    callables = [name for name in names if callable(getattr(module, name))]
+    constants = [name for name in names if name not in callables]
+    return callables, constants
+
+
+def api_section(module_name: str, heading: int) -> str:
+    """The markdown that documents `module_name`: the summary table, then every public name."""
+    module = importlib.import_module(module_name)
+    callables, constants = public_names(module_name)
+    lines = ["| Name | Summary |", "| --- | --- |"]
+    for name in callables:
+        text = summary(getattr(module, name)).replace("|", "\\|")
+        lines.append(f"| [`{name}`](#{module_name}.{name}) | {text} |")
+    options = (
+        f"    options:\n      heading_level: {heading}\n      show_root_heading: true\n"
+        "      show_root_full_path: false\n"
+    )
+    blocks = [f"::: {module_name}.{name}\n{options}" for name in callables]
+    if constants:
+        blocks.append(f"{'#' * heading} Constants\n")
+        blocks += [f"::: {module_name}.{name}\n{options}" for name in constants]
+    return "\n".join(lines) + "\n\n" + "\n".join(blocks)
+
+
+def on_page_markdown(markdown: str, **_) -> str:
+    """Expand every API marker on the page."""
+    return MARKER.sub(
+        lambda m: api_section(m["module"], int(m["heading"] or 2)),
+        markdown,
+    )
