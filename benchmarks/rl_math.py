@@ -1,4 +1,4 @@
-"""How close each `dew.rl` function runs to the memory-bandwidth floor, and which GAE form is fastest.
+"""How close each `dew.rl` function runs to the memory-bandwidth floor; which GAE form is fastest.
 
 Run by hand: `uv run python benchmarks/rl_math.py [--sizes 64x512,256x4096] [--repeats 7]`.
 
@@ -115,11 +115,19 @@ def bench_function(name, b, t, dtype, repeats, bandwidth, key) -> list[dict]:
         seconds = timed(compiled, *arguments, repeats=repeats)
         moved = nbytes(arguments) + nbytes(out)
         floor = moved / bandwidth
-        rows.append({
-            "function": name, "B": b, "T": t, "dtype": jnp.dtype(dtype).name, "mode": mode,
-            "ms": 1e3 * seconds, "min_bytes_MB": moved / 1e6, "GB_s": moved / seconds / 1e9,
-            "x_floor": seconds / floor,
-        })  # fmt: skip
+        rows.append(
+            {
+                "function": name,
+                "B": b,
+                "T": t,
+                "dtype": jnp.dtype(dtype).name,
+                "mode": mode,
+                "ms": 1e3 * seconds,
+                "min_bytes_MB": moved / 1e6,
+                "GB_s": moved / seconds / 1e9,
+                "x_floor": seconds / floor,
+            }
+        )
     return rows
 
 
@@ -203,11 +211,16 @@ def bench_gae_forms(b, t, repeats, bandwidth, key) -> list[dict]:
         out = compiled(rewards, values, mask)
         seconds = timed(compiled, rewards, values, mask, repeats=repeats)
         moved = nbytes((rewards, values, mask)) + nbytes(out)
-        rows.append({
-            "form": form, "B": b, "T": t, "ms": 1e3 * seconds,
-            "x_floor": seconds / (moved / bandwidth),
-            "max_abs_diff": float(jnp.max(jnp.abs(jnp.where(mask, out - reference, 0)))),
-        })  # fmt: skip
+        rows.append(
+            {
+                "form": form,
+                "B": b,
+                "T": t,
+                "ms": 1e3 * seconds,
+                "x_floor": seconds / (moved / bandwidth),
+                "max_abs_diff": float(jnp.max(jnp.abs(jnp.where(mask, out - reference, 0)))),
+            }
+        )
     fastest = min(row["ms"] for row in rows)
     for row in rows:
         row["x_fastest"] = row["ms"] / fastest
@@ -220,7 +233,9 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
     widths = [max(len(c), *(len(cell(r[c])) for r in rows)) for c in columns]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(cell(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)) for r in rows]  # fmt: skip
+    lines += [
+        "  ".join(cell(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)) for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -231,16 +246,21 @@ def main() -> None:
     parser.add_argument("--functions", default="", help="comma-separated; all when empty")
     args = parser.parse_args()
     sizes = [tuple(int(n) for n in s.split("x")) for s in args.sizes.split(",")]
-    names = args.functions.split(",") if args.functions else [
-        name for name in rl.__all__ if callable(getattr(rl, name))
-    ]  # fmt: skip
+    names = (
+        args.functions.split(",")
+        if args.functions
+        else [name for name in rl.__all__ if callable(getattr(rl, name))]
+    )
     key = jax.random.key(0)
     bandwidth = copy_bandwidth(args.repeats)
     machine = {
-        "device": str(jax.devices()[0].device_kind), "platform": jax.default_backend(),
-        "devices": jax.device_count(), "cpu": platform.processor() or platform.machine(),
-        "jax": jax.__version__, "copy_GB_s": bandwidth / 1e9,
-    }  # fmt: skip
+        "device": str(jax.devices()[0].device_kind),
+        "platform": jax.default_backend(),
+        "devices": jax.device_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "jax": jax.__version__,
+        "copy_GB_s": bandwidth / 1e9,
+    }
     print(f"machine: {machine}")
     rows = []
     for b, t in sizes:
@@ -254,7 +274,9 @@ def main() -> None:
     print(table(forms, ["form", "B", "T", "ms", "x_floor", "x_fastest", "max_abs_diff"]))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "rl_math.json"
-    out.write_text(json.dumps({"machine": machine, "functions": rows, "gae_forms": forms}, indent=1))
+    out.write_text(
+        json.dumps({"machine": machine, "functions": rows, "gae_forms": forms}, indent=1)
+    )
     print(f"\nwrote {out}")
 
 

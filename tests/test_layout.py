@@ -77,5 +77,6 @@ def test_dew_is_a_namespace_spanning_all_three():
     assert getattr(dew, "__file__", None) is None
     assert {Path(p) for p in dew.__path__} == {root / "dew" for root in SRC_ROOTS}
     assert {Path(p) for p in dew.objectives.__path__} == {
-        ROOT / "packages" / name / "src" / "dew" / "objectives" for name in ("dew", "dew-objectives-rl")
+        ROOT / "packages" / name / "src" / "dew" / "objectives"
+        for name in ("dew", "dew-objectives-rl")
     }

@@ -64,7 +64,10 @@ def imported_modules(tree: ast.AST, module: str, is_package: bool) -> list[tuple
             and isinstance(node.args[0].value, str)
             and (
                 (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                or (isinstance(node.func, ast.Name) and node.func.id in {"import_module", "__import__"})
+                or (
+                    isinstance(node.func, ast.Name)
+                    and node.func.id in {"import_module", "__import__"}
+                )
             )
         ):
             found.append((node.lineno, node.args[0].value))
@@ -92,7 +95,9 @@ def arrow_violations(src_roots: list[Path]) -> list[str]:
             for line, name in imported_modules(tree, module, is_package):
                 where = f"{path.relative_to(src_root.parent.parent.parent)}:{line}: {module}"
                 if not reads_rl_freely and any(_within(name, r) for r in READERS_OF_RL):
-                    violations.append(f"{where} imports {name}; only dew.objectives.rl reads dew.rl")
+                    violations.append(
+                        f"{where} imports {name}; only dew.objectives.rl reads dew.rl"
+                    )
                 if in_rl and not rl_may_import(name):
                     violations.append(f"{where} imports {name}, outside dew.rl's allow-list")
     return violations

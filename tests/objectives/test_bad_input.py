@@ -48,11 +48,21 @@ def test_ppo_needs_values(batch):
 
 def test_dpo_needs_whole_pairs(model, make_batch):
     odd = make_batch(model, 2)
-    odd = odd.replace(**{
-        name: getattr(odd, name)[:7]
-        for name in ("tokens", "prompt_mask", "completion_mask", "behavior_log_probs",
-                     "rewards", "old_log_probs", "ref_log_probs", "values")
-    })  # fmt: skip
+    odd = odd.replace(
+        **{
+            name: getattr(odd, name)[:7]
+            for name in (
+                "tokens",
+                "prompt_mask",
+                "completion_mask",
+                "behavior_log_probs",
+                "rewards",
+                "old_log_probs",
+                "ref_log_probs",
+                "values",
+            )
+        }
+    )
     with pytest.raises(ValueError, match=r"objective 'dpo' needs chosen/rejected pairs.*7 rows"):
         DPO().prepare(odd)
     with pytest.raises(ValueError, match="ref_log_probs"):
@@ -69,10 +79,16 @@ def test_ppo_returns_are_the_rewards_on_a_hand_built_episode(batch):
     mask = jnp.array([[False, True, True, True, False], [False, False, True, True, True]])
     values = jnp.where(mask, jnp.array([[0.0, 0.3, -0.2, 0.5, 9.0], [9.0, 9.0, 0.1, 0.4, 0.2]]), 0)
     episode = batch.replace(
-        tokens=batch.tokens[:2, :5], prompt_mask=~mask, completion_mask=mask,
-        behavior_log_probs=jnp.zeros((2, 5)), rewards=jnp.array([1.0, 0.25]), group=2,
-        old_log_probs=jnp.zeros((2, 5)), ref_log_probs=None, values=values,
-    )  # fmt: skip
+        tokens=batch.tokens[:2, :5],
+        prompt_mask=~mask,
+        completion_mask=mask,
+        behavior_log_probs=jnp.zeros((2, 5)),
+        rewards=jnp.array([1.0, 0.25]),
+        group=2,
+        old_log_probs=jnp.zeros((2, 5)),
+        ref_log_probs=None,
+        values=values,
+    )
     prepared = PPO(gamma=1.0, lam=1.0).prepare(episode)
     np.testing.assert_allclose(
         np.where(mask, prepared.returns, 0), np.where(mask, [[1.0], [0.25]], 0), atol=1e-6

@@ -41,9 +41,13 @@ def grpo_twin(model, batch, **options):
     lp = log_probs(model, batch.tokens, mask)
     advantages = group_advantage(batch.rewards, batch.group)
     loss, _ = clipped_surrogate(
-        token_log_ratio(lp, batch.old_log_probs), advantages, mask,
-        epsilon_low=o.epsilon_low, epsilon_high=o.epsilon_high, dual_clip=o.dual_clip,
-    )  # fmt: skip
+        token_log_ratio(lp, batch.old_log_probs),
+        advantages,
+        mask,
+        epsilon_low=o.epsilon_low,
+        epsilon_high=o.epsilon_high,
+        dual_clip=o.dual_clip,
+    )
     return loss + o.beta * token_mean(k3_kl(lp, batch.ref_log_probs), mask)
 
 
@@ -71,9 +75,13 @@ def dapo_twin(model, batch):
     lp = log_probs(model, batch.tokens, mask)
     shaped = batch.rewards + overlong_penalty(mask, max_length=6, buffer=3)
     loss, _ = clipped_surrogate(
-        token_log_ratio(lp, batch.old_log_probs), group_advantage(shaped, batch.group), mask,
-        epsilon_low=0.2, epsilon_high=0.28, dual_clip=None,
-    )  # fmt: skip
+        token_log_ratio(lp, batch.old_log_probs),
+        group_advantage(shaped, batch.group),
+        mask,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        dual_clip=None,
+    )
     return loss
 
 
@@ -90,9 +98,13 @@ def gspo_twin(model, batch):
     mask = batch.completion_mask
     lp = log_probs(model, batch.tokens, mask)
     loss, _ = clipped_surrogate(
-        sequence_log_ratio(lp, batch.old_log_probs, mask), group_advantage(batch.rewards, 4), mask,
-        epsilon_low=3e-4, epsilon_high=4e-4, dual_clip=None,
-    )  # fmt: skip
+        sequence_log_ratio(lp, batch.old_log_probs, mask),
+        group_advantage(batch.rewards, 4),
+        mask,
+        epsilon_low=3e-4,
+        epsilon_high=4e-4,
+        dual_clip=None,
+    )
     return loss
 
 
@@ -166,9 +178,14 @@ def test_the_gradient_is_finite_and_nonzero(name, make_model, make_batch):
 
 def test_every_objective_is_registered_under_its_name():
     for name, cls in [
-        ("grpo", GRPO), ("dr_grpo", DrGRPO), ("dapo", DAPO), ("rloo", RLOO),
-        ("gspo", GSPO), ("ppo", PPO), ("dpo", DPO),
-    ]:  # fmt: skip
+        ("grpo", GRPO),
+        ("dr_grpo", DrGRPO),
+        ("dapo", DAPO),
+        ("rloo", RLOO),
+        ("gspo", GSPO),
+        ("ppo", PPO),
+        ("dpo", DPO),
+    ]:
         objective = load_objective(name)
         assert type(objective) is cls
         assert objective.name == name

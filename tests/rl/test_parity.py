@@ -44,17 +44,21 @@ def run_case(function: str, z, arrays: dict[str, jax.Array]) -> dict[str, jax.Ar
         return {name[function]: getattr(rl, function)(arrays["x"], z["mask"], **extra)}
     if function == "gae":
         advantages, returns = rl.gae(
-            arrays["token_rewards"], arrays["values"], z["mask"],
-            gamma=float(z["gamma"]), lam=float(z["lam"]),
-        )  # fmt: skip
+            arrays["token_rewards"],
+            arrays["values"],
+            z["mask"],
+            gamma=float(z["gamma"]),
+            lam=float(z["lam"]),
+        )
         return {"advantages": advantages, "returns": returns}
     if function == "group_advantage":
-        return {
-            "advantages": rl.group_advantage(
-                arrays["rewards"], int(z["group"]),
-                normalise_by_std=bool(z["normalise_by_std"]), eps=float(z["eps"]),
-            )  # fmt: skip
-        }
+        advantages = rl.group_advantage(
+            arrays["rewards"],
+            int(z["group"]),
+            normalise_by_std=bool(z["normalise_by_std"]),
+            eps=float(z["eps"]),
+        )
+        return {"advantages": advantages}
     if function == "rloo_advantage":
         return {"advantages": rl.rloo_advantage(arrays["rewards"], int(z["group"]))}
     if function == "token_log_ratio":
@@ -70,10 +74,13 @@ def run_case(function: str, z, arrays: dict[str, jax.Array]) -> dict[str, jax.Ar
 
         def gspo(log_probs):
             return rl.clipped_surrogate(
-                ratio(log_probs), arrays["gspo__advantages"], z["mask"],
+                ratio(log_probs),
+                arrays["gspo__advantages"],
+                z["mask"],
                 epsilon_low=float(z["gspo__epsilon_low"]),
-                epsilon_high=float(z["gspo__epsilon_high"]), dual_clip=None,
-            )[0]  # fmt: skip
+                epsilon_high=float(z["gspo__epsilon_high"]),
+                dual_clip=None,
+            )[0]
 
         log_probs = arrays["log_probs"]
         return {
@@ -87,10 +94,13 @@ def run_case(function: str, z, arrays: dict[str, jax.Array]) -> dict[str, jax.Ar
 
         def surrogate(log_ratio):
             return rl.clipped_surrogate(
-                log_ratio, arrays["advantages"], z["mask"],
-                epsilon_low=float(z["epsilon_low"]), epsilon_high=float(z["epsilon_high"]),
+                log_ratio,
+                arrays["advantages"],
+                z["mask"],
+                epsilon_low=float(z["epsilon_low"]),
+                epsilon_high=float(z["epsilon_high"]),
                 dual_clip=None if np.isnan(dual) else dual,
-            )  # fmt: skip
+            )
 
         loss, metrics = surrogate(arrays["log_ratio"])
         grad = jax.grad(lambda lr: surrogate(lr)[0])(arrays["log_ratio"])
@@ -112,19 +122,22 @@ def run_case(function: str, z, arrays: dict[str, jax.Array]) -> dict[str, jax.Ar
             "grad_predicted": _grad_of_sum(terms)(arrays["predicted"]),
         }
     if function == "behavior_importance_weights":
-        return {
-            "weights": rl.behavior_importance_weights(
-                arrays["old_log_probs"], arrays["behavior_log_probs"], z["mask"],
-                cap=float(z["cap"]),
-            )  # fmt: skip
-        }
+        weights = rl.behavior_importance_weights(
+            arrays["old_log_probs"], arrays["behavior_log_probs"], z["mask"], cap=float(z["cap"])
+        )
+        return {"weights": weights}
     if function == "preference_logsigmoid":
 
         def loss(policy_chosen, policy_rejected):
             return rl.preference_logsigmoid(
-                policy_chosen, policy_rejected, arrays["ref_chosen"], arrays["ref_rejected"],
-                z["mask_chosen"], z["mask_rejected"], beta=float(z["beta"]),
-            )  # fmt: skip
+                policy_chosen,
+                policy_rejected,
+                arrays["ref_chosen"],
+                arrays["ref_rejected"],
+                z["mask_chosen"],
+                z["mask_rejected"],
+                beta=float(z["beta"]),
+            )
 
         grads = jax.grad(loss, argnums=(0, 1))(arrays["policy_chosen"], arrays["policy_rejected"])
         return {

@@ -1,0 +1,308 @@
+"""Gradients pinned where a value cannot tell right from wrong.
+
+`sequence_log_ratio`'s stop-gradients, `clipped_surrogate` at and around its clip edges, and the
+stop-gradients of `clipped_value_loss_terms` and `behavior_importance_weights`. Where a broken
+variant would give the same values, the test writes that variant and shows the check rejects it.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dew.rl as rl
+
+# --- sequence_log_ratio: each token's derivative is its own ----------------------------------
+
+LOG_PROBS = jnp.array(
+    [
+        [-1.0, -2.0, -0.5, -3.0],
+        [-0.2, -0.7, -1.1, -0.4],
+        [13.0, 12.0, 11.0, 0.0],  # row mean 12 > 10: clamped, zero gradient
+    ]
+)
+OLD = jnp.array([[-1.5, -2.5, -2.0, -1.0], [-0.3, -0.3, -0.9, -0.6], [0.0, 0.0, 0.0, 0.0]])
+MASK = jnp.array([[True, True, True, False], [True, True, True, True], [True, True, True, False]])
+
+
+def _without_first_stop_gradient(log_probs, old_log_probs, mask):
+    """`logp - logp + sg(s)`: the right values, zero gradient everywhere."""
+    mean = rl.segment_mean(log_probs - old_log_probs, mask)
+    log_probs = jnp.where(mask, log_probs, 0)
+    return jnp.minimum(log_probs - log_probs + jax.lax.stop_gradient(mean), 10.0)
+
+
+def _without_second_stop_gradient(log_probs, old_log_probs, mask):
+    """`logp - sg(logp) + s`: the right values, every token also moves its row's mean."""
+    mean = rl.segment_mean(log_probs - old_log_probs, mask)
+    log_probs = jnp.where(mask, log_probs, 0)
+    return jnp.minimum(log_probs - jax.lax.stop_gradient(log_probs) + mean, 10.0)
+
+
+def assert_each_token_derivative_is_its_own(ratio_function, log_probs, old, mask, clamped_rows):
+    """d ratio[b, t] / d log_probs[b', t'] is 1 when (b, t) = (b', t') is kept, else 0.
+
+    Rows in `clamped_rows` (sequence mean above 10) have an all-zero Jacobian.
+    """
+    jacobian = jax.jit(jax.jacrev(ratio_function))(log_probs, old, mask)
+    rows, length = log_probs.shape
+    expected = np.diag(np.asarray(mask, np.float32).reshape(-1))
+    for row in clamped_rows:
+        span = slice(row * length, (row + 1) * length)
+        expected[span, span] = 0.0
+    np.testing.assert_array_equal(np.asarray(jacobian).reshape(rows * length, -1), expected)
+
+
+def test_sequence_log_ratio_jacobian_is_the_kept_identity():
+    assert_each_token_derivative_is_its_own(
+        rl.sequence_log_ratio, LOG_PROBS, OLD, MASK, clamped_rows=[2]
+    )
+
+
+def test_sequence_log_ratio_jacobian_with_packed_chains_is_the_kept_identity():
+    segments = jnp.array([[1, 1, 2, 2], [1, 2, 2, 2], [1, 1, 1, 1]])
+
+    def packed(log_probs, old, mask):
+        return rl.sequence_log_ratio(log_probs, old, mask, segments)
+
+    assert_each_token_derivative_is_its_own(packed, LOG_PROBS, OLD, MASK, clamped_rows=[2])
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [_without_first_stop_gradient, _without_second_stop_gradient],
+    ids=lambda f: f.__name__,
+)
+def test_dropping_either_stop_gradient_keeps_the_values_and_fails_the_gradient_check(broken):
+    np.testing.assert_allclose(
+        jax.jit(broken)(LOG_PROBS, OLD, MASK),
+        jax.jit(rl.sequence_log_ratio)(LOG_PROBS, OLD, MASK),
+        rtol=1e-7,
+        atol=1e-7,
+        err_msg="the broken variant should be indistinguishable by its values",
+    )
+    with pytest.raises(AssertionError):
+        assert_each_token_derivative_is_its_own(broken, LOG_PROBS, OLD, MASK, clamped_rows=[2])
+
+
+def test_gspo_loss_gradient_is_each_tokens_own_ratio_times_its_advantage():
+    # With every ratio inside the clip range, d token_mean(-A exp(s)) / d logp_t = -A_b exp(s_b) / n
+    # for each kept token t of row b: the token's own log-prob, never its neighbours'.
+    log_probs, old, mask = LOG_PROBS[:2], OLD[:2], MASK[:2]
+    advantages = jnp.array([2.0, -1.0])
+
+    def gspo(lp):
+        ratio = rl.sequence_log_ratio(lp, old, mask)
+        return rl.clipped_surrogate(ratio, advantages, mask, 0.9, 1.5, None)[0]
+
+    grad = jax.jit(jax.grad(gspo))(log_probs)
+    mean = np.sum(np.where(mask, log_probs - old, 0), axis=1) / np.sum(mask, axis=1)
+    assert np.all((np.exp(mean) > 0.1) & (np.exp(mean) < 2.5)), "ratios inside the clip range"
+    expected = -np.asarray(advantages)[:, None] * np.exp(mean)[:, None] * mask / mask.sum()
+    np.testing.assert_allclose(grad, expected, rtol=1e-6)
+
+
+# --- clipped_surrogate at and around the clip edges ------------------------------------------
+
+STEP = 1e-3  # "just inside" and "just outside" an edge, in log space
+
+
+def _exp32(log_ratio: float) -> float:
+    """The ratio `clipped_surrogate` sees for this log ratio: exp in float32, by JAX."""
+    return float(jnp.exp(jnp.float32(log_ratio)))
+
+
+# The edges are made exactly representable: each bound is the float32 ratio of a float32 log
+# ratio, and the epsilons are chosen so that 1 - epsilon_low and 1 + epsilon_high land on it.
+LOW_EDGE = float(np.float32(np.log(0.8)))
+HIGH_EDGE = float(np.float32(np.log(1.25)))
+DUAL_EDGE = float(np.float32(np.log(3.0)))
+EPSILON_LOW = 1.0 - _exp32(LOW_EDGE)
+EPSILON_HIGH = _exp32(HIGH_EDGE) - 1.0
+DUAL_CLIP = _exp32(DUAL_EDGE)
+
+# (advantage, log ratio, share of the unclipped gradient -A r that reaches the log ratio).
+# Share 1: the unclipped term -A r is the max (or ties with a clipped term that passes its
+# gradient at the bound, like torch.clamp). Share 0: a constant bound is the per-token loss.
+# Share 0.5: the dual-clip min ties between -A r and the constant -A c and splits evenly.
+EDGE_TOKENS = [
+    # A > 0: the upper clip binds above 1 + eps; below 1 - eps the unclipped term is pessimistic.
+    (1.0, 0.0, 1.0),
+    (1.0, HIGH_EDGE - STEP, 1.0),
+    (1.0, HIGH_EDGE, 1.0),
+    (1.0, HIGH_EDGE + STEP, 0.0),
+    (1.0, 1.0, 0.0),
+    (1.0, LOW_EDGE + STEP, 1.0),
+    (1.0, LOW_EDGE, 1.0),
+    (1.0, LOW_EDGE - STEP, 1.0),
+    (0.5, -1.0, 1.0),
+    # A < 0: the lower clip binds below 1 - eps; above 1 + eps the unclipped term is pessimistic
+    # up to the dual clip c, beyond which -A c is the loss.
+    (-1.0, 0.0, 1.0),
+    (-1.0, LOW_EDGE + STEP, 1.0),
+    (-1.0, LOW_EDGE, 1.0),
+    (-1.0, LOW_EDGE - STEP, 0.0),
+    (-1.0, -1.0, 0.0),
+    (-1.0, HIGH_EDGE - STEP, 1.0),
+    (-1.0, HIGH_EDGE, 1.0),
+    (-1.0, HIGH_EDGE + STEP, 1.0),
+    (-2.0, float(np.log(2.5)), 1.0),
+    (-2.0, DUAL_EDGE - STEP, 1.0),
+    (-2.0, DUAL_EDGE, 0.5),
+    (-2.0, DUAL_EDGE + STEP, 0.0),
+    (-2.0, 3.0, 0.0),
+    # A = 0 contributes nothing.
+    (0.0, 0.5, 0.0),
+]
+
+
+def _edge_batch(tokens=EDGE_TOKENS):
+    advantages, log_ratio, share = (
+        np.array(column, np.float32) for column in zip(*tokens, strict=True)
+    )
+    return log_ratio[None], advantages[None], share[None]
+
+
+def _expected_edge_grad(log_ratio, advantages, share):
+    ratio = np.asarray(jnp.exp(jnp.asarray(log_ratio)))  # float32, as the function sees it
+    return share * -advantages * ratio / log_ratio.size
+
+
+def _surrogate_grad(surrogate, log_ratio, advantages, **hyper):
+    mask = jnp.ones(log_ratio.shape, bool)
+    return jax.jit(jax.grad(lambda lr: surrogate(lr, advantages, mask, **hyper)[0]))(log_ratio)
+
+
+def test_the_clip_edges_are_exact_in_float32():
+    assert _exp32(LOW_EDGE) == 1 - EPSILON_LOW
+    assert _exp32(HIGH_EDGE) == 1 + EPSILON_HIGH
+    assert _exp32(DUAL_EDGE) == DUAL_CLIP
+    assert 0.19 < EPSILON_LOW < 0.21 and 0.24 < EPSILON_HIGH < 0.26 and 2.99 < DUAL_CLIP < 3.01
+
+
+def test_clipped_surrogate_gradient_at_and_around_the_clip_edges():
+    log_ratio, advantages, share = _edge_batch()
+    grad = _surrogate_grad(
+        rl.clipped_surrogate, log_ratio, advantages,
+        epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, dual_clip=DUAL_CLIP,
+    )  # fmt: skip
+    np.testing.assert_allclose(
+        grad, _expected_edge_grad(log_ratio, advantages, share), rtol=1e-6, atol=0
+    )
+
+
+def test_without_dual_clip_a_negative_advantage_keeps_its_gradient_at_any_ratio():
+    tokens = [(-2.0, DUAL_EDGE, 1.0), (-2.0, 3.0, 1.0), (-1.0, 10.0, 1.0), (-1.0, -1.0, 0.0)]
+    log_ratio, advantages, share = _edge_batch(tokens)
+    grad = _surrogate_grad(
+        rl.clipped_surrogate, log_ratio, advantages,
+        epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, dual_clip=None,
+    )  # fmt: skip
+    np.testing.assert_allclose(
+        grad, _expected_edge_grad(log_ratio, advantages, share), rtol=1e-6, atol=0
+    )
+
+
+def _surrogate_with_jnp_clip(log_ratio, advantages, mask, epsilon_low, epsilon_high, dual_clip):
+    """The contract's surrogate with `jnp.clip`, whose gradient at a bound is halved."""
+    ratio = jnp.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = jnp.maximum(unclipped, clipped)
+    per_token = jnp.where(
+        advantages < 0, jnp.minimum(-advantages * dual_clip, per_token), per_token
+    )
+    return rl.token_mean(per_token, mask), {}
+
+
+def test_the_edge_check_catches_a_clip_that_halves_the_gradient_at_the_bound():
+    log_ratio, advantages, share = _edge_batch()
+    hyper = {"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH, "dual_clip": DUAL_CLIP}
+    expected = _expected_edge_grad(log_ratio, advantages, share)
+    grad = np.asarray(_surrogate_grad(_surrogate_with_jnp_clip, log_ratio, advantages, **hyper))
+    at_edge = np.isin(log_ratio, [LOW_EDGE, HIGH_EDGE]) & (advantages != 0)
+    off_edge = ~at_edge
+    np.testing.assert_allclose(grad[off_edge], expected[off_edge], rtol=1e-6)
+    assert np.all(np.abs(grad[at_edge] - expected[at_edge]) > 0.1 * np.abs(expected[at_edge]))
+
+
+# --- clipped_value_loss_terms: returns and old values are detached ---------------------------
+
+# Returns 0 or 2, old values 0, clip 0.2. Per token, d terms / d predicted (hand-computed):
+#   v = 0.1, R = 0: inside the clip range both terms are (v - R)^2 / 2: 0.1
+#   v = 1.0, R = 0: unclipped error 1 > clipped 0.04:                   1.0
+#   v = 1.0, R = 2: clipped error (0.2 - 2)^2 = 3.24 > 1, v is clipped: 0.0
+#   v = -1.0, R = 2: unclipped error 9 > (-0.2 - 2)^2 = 4.84:          -3.0
+#   v = -1.0, R = -2: clipped error (-0.2 + 2)^2 = 3.24 > 1:            0.0
+VALUE_PREDICTED = jnp.array([0.1, 1.0, 1.0, -1.0, -1.0])
+VALUE_RETURNS = jnp.array([0.0, 0.0, 2.0, 2.0, -2.0])
+VALUE_OLD = jnp.zeros(5)
+VALUE_GRAD_PREDICTED = [0.1, 1.0, 0.0, -3.0, 0.0]
+
+
+def _value_grads(terms_function):
+    def total(predicted, returns, old_values):
+        return jnp.sum(terms_function(predicted, returns, old_values, 0.2))
+
+    return jax.jit(jax.grad(total, argnums=(0, 1, 2)))(VALUE_PREDICTED, VALUE_RETURNS, VALUE_OLD)
+
+
+def _value_terms_without_stop_gradient(predicted, returns, old_values, clip):
+    kept_near = jnp.clip(predicted, old_values - clip, old_values + clip)
+    return 0.5 * jnp.maximum(jnp.square(predicted - returns), jnp.square(kept_near - returns))
+
+
+def test_clipped_value_loss_terms_gradient_reaches_the_prediction_only():
+    d_predicted, d_returns, d_old = _value_grads(rl.clipped_value_loss_terms)
+    np.testing.assert_allclose(d_predicted, VALUE_GRAD_PREDICTED, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(d_returns, 0.0)
+    np.testing.assert_array_equal(d_old, 0.0)
+
+
+def test_the_value_check_catches_targets_left_attached():
+    terms = jax.jit(_value_terms_without_stop_gradient, static_argnums=3)
+    np.testing.assert_allclose(
+        terms(VALUE_PREDICTED, VALUE_RETURNS, VALUE_OLD, 0.2),
+        rl.clipped_value_loss_terms(VALUE_PREDICTED, VALUE_RETURNS, VALUE_OLD, 0.2),
+        rtol=1e-6,
+    )
+    d_predicted, d_returns, d_old = _value_grads(_value_terms_without_stop_gradient)
+    np.testing.assert_allclose(d_predicted, VALUE_GRAD_PREDICTED, rtol=1e-6, atol=1e-7)
+    assert np.any(np.asarray(d_returns) != 0)
+    assert np.any(np.asarray(d_old) != 0)
+
+
+# --- behavior_importance_weights: detached everywhere ----------------------------------------
+
+BEHAVIOR_OLD = jnp.array([[0.0, -1.0, 0.5, 30.0], [-0.2, -0.3, -5.0, 0.0]])
+BEHAVIOR = jnp.array([[-1.0, 0.0, 0.5, 0.0], [-0.1, -0.9, -0.1, 0.0]])
+BEHAVIOR_MASK = jnp.array([[True, True, True, True], [True, True, True, False]])
+
+
+def _weight_grads(weights_function):
+    def weighted_sum(old, behavior):
+        weights = weights_function(old, behavior, BEHAVIOR_MASK, cap=2.0)
+        return jnp.sum(weights * jnp.arange(1.0, 9.0).reshape(2, 4))
+
+    return jax.jit(jax.grad(weighted_sum, argnums=(0, 1)))(BEHAVIOR_OLD, BEHAVIOR)
+
+
+def _weights_without_stop_gradient(old, behavior, mask, cap):
+    log_ratio = jnp.where(mask, jnp.clip(old - behavior, -20.0, 20.0), 0)
+    return jnp.minimum(jnp.where(mask, jnp.exp(log_ratio), 0), cap)
+
+
+def test_behavior_importance_weights_have_zero_gradient_everywhere():
+    d_old, d_behavior = _weight_grads(rl.behavior_importance_weights)
+    np.testing.assert_array_equal(d_old, 0.0)
+    np.testing.assert_array_equal(d_behavior, 0.0)
+
+
+def test_the_weight_check_catches_weights_left_attached():
+    np.testing.assert_allclose(
+        _weights_without_stop_gradient(BEHAVIOR_OLD, BEHAVIOR, BEHAVIOR_MASK, 2.0),
+        rl.behavior_importance_weights(BEHAVIOR_OLD, BEHAVIOR, BEHAVIOR_MASK, cap=2.0),
+        rtol=1e-6,
+    )
+    d_old, d_behavior = _weight_grads(_weights_without_stop_gradient)
+    assert np.any(np.asarray(d_old) != 0) and np.any(np.asarray(d_behavior) != 0)
