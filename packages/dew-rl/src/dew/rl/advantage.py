@@ -39,7 +39,9 @@ def group_advantage(
     normalise_by_std: bool = True,
     eps: float = GROUP_EPS,
 ) -> jax.Array:
-    """Group-relative advantage of [B] rewards, group completions per prompt.
+    r"""Group-relative advantage of [B] rewards, group completions per prompt.
+
+    $$A_i = \frac{r_i - \operatorname{mean}_g(r)}{\operatorname{std}_g(r) + \epsilon}$$
 
     `A_i = (r_i - mean_g(r)) / (std_g(r) + eps)` over the `group` completions of the same prompt,
     with the unbiased (`ddof=1`) deviation and `eps` added after the square root (GRPO,
@@ -82,7 +84,10 @@ def group_advantage(
 
 
 def rloo_advantage(rewards: jax.Array, group: int) -> jax.Array:
-    """Each completion against the mean of the rest of its group.
+    r"""Each completion against the mean of the rest of its group.
+
+    $$A_i = r_i - \frac{1}{G - 1}\sum_{j \ne i} r_j
+      = \frac{G}{G - 1}\big(r_i - \operatorname{mean}_g(r)\big)$$
 
     `r_i - mean(r_j, j != i)`, which is `group / (group - 1)` times the centred reward. Tunix writes
     the first form and verl the second (arXiv:2402.14740). This follows Tunix.
@@ -139,7 +144,11 @@ def terminal_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array:
-    """`[B]` DAPO's soft overlong punishment of each row's completion length.
+    r"""DAPO's soft overlong punishment of each row's completion length, `[B]`.
+
+    $$R_{\text{length}}(y) = \begin{cases} 0 & |y| \le L_{\max} - L_{\text{cache}} \\
+      \frac{(L_{\max} - L_{\text{cache}}) - |y|}{L_{\text{cache}}}
+      & L_{\max} - L_{\text{cache}} < |y| \le L_{\max} \\ -1 & L_{\max} < |y| \end{cases}$$
 
     With `L = sum(mask)` per row, `L_max = max_length` and `L_cache = buffer`:
     0 while `L <= L_max - L_cache`, `((L_max - L_cache) - L) / L_cache` inside the buffer zone,
@@ -188,7 +197,10 @@ def gae(
     gamma: float,
     lam: float,
 ) -> tuple[jax.Array, jax.Array]:
-    """Generalized advantage estimation over [B, T] rewards and values.
+    r"""Generalized advantage estimation over [B, T] rewards and values.
+
+    $$\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t), \qquad
+      A_t = \delta_t + \gamma\lambda A_{t+1}$$
 
     `delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)` and `A_t = delta_t + gamma * lam * A_{t+1}`,
     backwards from the last step (arXiv:1506.02438). A masked step contributes nothing and passes

@@ -90,7 +90,9 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def masked_whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """x centred and scaled by its masked mean and unbiased deviation.
+    r"""x centred and scaled by its masked mean and unbiased deviation.
+
+    $$\hat x = \frac{x - \mu}{\sqrt{\sigma^2 \frac{n}{n-1} + 10^{-8}}}$$
 
     `mu = masked_mean(x, mask)`, `var = masked_mean((x - mu)^2, mask) * n / (n - 1)` with `n` the
     number of kept positions, and the result `(x - mu) * rsqrt(var + 1e-8)` at every position. The
@@ -171,7 +173,9 @@ def segment_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = Non
 
 
 def constant_length_mean(x: jax.Array, mask: jax.Array, length: int | None = None) -> jax.Array:
-    """Mean over rows of each row's kept sum, divided by one constant length.
+    r"""Mean over rows of each row's kept sum, divided by one constant length.
+
+    $$\mathcal{L} = \frac{1}{B\,L}\sum_{b=1}^{B}\sum_{t} m_{bt}\,x_{bt}$$
 
     `sum(where(mask, x, 0)) / (B * length)` for `[B, T]` x, with `length` defaulting to T. Every
     token weighs `1 / (B * length)` whatever its row's length, so neither long nor short answers

@@ -53,7 +53,11 @@ def sequence_log_ratio(
     mask: jax.Array,
     segments: jax.Array | None = None,
 ) -> jax.Array:
-    """GSPO's sequence-level log ratio, carrying a per-token gradient.
+    r"""GSPO's sequence-level log ratio, carrying a per-token gradient.
+
+    $$\log s_{i,t} = \log\pi_\theta(y_{i,t}) - \operatorname{sg}[\log\pi_\theta(y_{i,t})]
+      + \operatorname{sg}\Big[\frac{1}{|y_i|}\sum_{t'}
+      \log\frac{\pi_\theta(y_{i,t'})}{\pi_{\text{old}}(y_{i,t'})}\Big]$$
 
     The sequence ratio is the geometric mean of the token ratios, so its log is the masked mean of
     the token log ratios (arXiv:2507.18071, equation 6):

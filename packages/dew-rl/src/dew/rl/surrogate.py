@@ -74,7 +74,11 @@ def clipped_surrogate_terms(
     epsilon_high: float = 0.2,
     dual_clip: float | None = 3.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Per-token dual-clipped policy terms, before any reduction, and their metrics.
+    r"""Per-token dual-clipped policy terms, before any reduction, and their metrics.
+
+    $$\ell_t = \max\big(-A_t r_t,\;
+      -A_t \operatorname{clip}(r_t, 1 - \epsilon_l, 1 + \epsilon_h)\big),
+      \qquad \ell_t \leftarrow \min(\ell_t, -c A_t) \text{ where } A_t < 0$$
 
     With `r = exp(log_ratio)` and `A` the advantages, each kept token's term is
     `max(-A r, -A clip(r, 1 - epsilon_low, 1 + epsilon_high))` (PPO, arXiv:1707.06347), and with
@@ -177,7 +181,9 @@ def clipped_value_loss_terms(
 
 
 def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
-    """Schulman's k3 estimator of KL(pi || pi_ref), per token.
+    r"""Schulman's k3 estimator of KL(pi || pi_ref), per token.
+
+    $$\mathrm{k3} = e^{d} - d - 1, \qquad d = \log\pi_{\text{ref}} - \log\pi$$
 
     `exp(d) - d - 1` for `d = log pi_ref - log pi`, which is non-negative, unbiased and lower
     variance than `-d` (http://joschu.net/blog/kl-approx.html). verl's
@@ -210,7 +216,10 @@ def preference_logsigmoid(
     mask_rejected: jax.Array,
     beta: float,
 ) -> jax.Array:
-    """Pair-mean reduction of the DPO sigmoid loss.
+    r"""Pair-mean reduction of the DPO sigmoid loss.
+
+    $$\mathcal{L} = -\operatorname{mean}_{\text{pairs}} \log\sigma\Big(\beta\big[
+      (S^\pi_w - S^{\text{ref}}_w) - (S^\pi_l - S^{\text{ref}}_l)\big]\Big)$$
 
     Each sequence's log-probability is the sum of its kept per-token log-probabilities,
     `S = sum_t where(mask, log_probs, 0)`; the chosen mask serves the policy and the reference

@@ -1,0 +1,134 @@
+"""The docs site covers every public name, and its API tables say what the docstrings say.
+
+The site is built once (strict, offline) into a temporary folder; the tests read its HTML.
+"""
+
+import html
+import importlib
+import inspect
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+from api import public_names, summary  # noqa: E402
+
+# Each documented module and the page that renders it.
+PAGES = {
+    "dew.rl": "api/rl/index.html",
+    "dew.objectives.rl": "api/objectives/index.html",
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    mkdocs = shutil.which("mkdocs")
+    if mkdocs is None:
+        pytest.skip("mkdocs is not installed (the docs dependency group)")
+    out = tmp_path_factory.mktemp("site")
+    done = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(mkdocs).parent)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+class TableReader(HTMLParser):
+    """The rows of the first table whose header is Name | Summary, as (name, href, summary)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: list[list[list[tuple[str, str]]]] = []
+        self.cell: list[str] | None = None
+        self.href = ""
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.cell, self.href = [], ""
+        elif tag == "a" and self.cell is not None:
+            self.href = self.href or dict(attrs).get("href", "")
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.tables[-1][-1].append(("".join(self.cell).strip(), self.href))
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+
+    def summary_rows(self) -> list[tuple[str, str, str]]:
+        for table in self.tables:
+            if table and [text for text, _ in table[0]] == ["Name", "Summary"]:
+                return [(name, href, text) for (name, href), (text, _) in table[1:]]
+        raise AssertionError("no Name | Summary table on the page")
+
+
+def plain(markdown: str) -> str:
+    """A docstring summary as the browser shows it: code spans lose their backticks."""
+    return re.sub(r"`([^`]*)`", r"\1", markdown)
+
+
+@pytest.mark.parametrize("module", PAGES)
+def test_the_summary_table_has_a_row_per_public_callable(site, module):
+    reader = TableReader()
+    reader.feed((site / PAGES[module]).read_text())
+    rows = reader.summary_rows()
+    callables, _ = public_names(module)
+    assert [name for name, _, _ in rows] == callables
+    imported = importlib.import_module(module)
+    for name, href, text in rows:
+        assert href == f"#{module}.{name}"
+        assert html.unescape(text) == plain(summary(getattr(imported, name)))
+
+
+def test_the_rl_page_lists_the_reference_pages_thirteen_and_more():
+    callables, constants = public_names("dew.rl")
+    reference_page = {
+        "behavior_importance_weights", "clipped_surrogate", "clipped_value_loss_terms", "gae",
+        "group_advantage", "k3_kl", "masked_mean", "masked_whiten", "preference_logsigmoid",
+        "rloo_advantage", "sequence_log_ratio", "token_log_ratio", "token_mean",
+    }  # fmt: skip
+    assert reference_page <= set(callables)
+    assert constants == ["GROUP_EPS"]
+
+
+@pytest.mark.parametrize("module", PAGES)
+def test_every_public_name_has_its_anchor_in_the_site(site, module):
+    page = (site / PAGES[module]).read_text()
+    for name in importlib.import_module(module).__all__:
+        assert f'id="{module}.{name}"' in page, name
+
+
+@pytest.mark.parametrize("module", PAGES)
+def test_every_public_callable_has_a_docstring_with_a_summary_and_an_example(module):
+    imported = importlib.import_module(module)
+    for name in public_names(module)[0]:
+        obj = getattr(imported, name)
+        doc = inspect.getdoc(obj) or ""
+        assert summary(obj).endswith("."), f"{module}.{name}: summary line {summary(obj)!r}"
+        if inspect.isfunction(obj):
+            assert ">>> " in doc, f"{module}.{name} has no example"
+
+
+def test_the_site_fetches_nothing_from_the_network(site):
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        assert "fonts.googleapis.com" not in text, page
+        assert not re.search(r'<script[^>]+src="https?://', text), page
+        assert not re.search(r'<link[^>]+href="https?://[^"]+\.css', text), page
