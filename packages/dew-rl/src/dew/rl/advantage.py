@@ -68,12 +68,13 @@ def group_advantage(
     Returns:
       `[B]` advantages, float32 for low-precision input.
 
-    >>> import jax.numpy as jnp
-    >>> rewards = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    >>> print(group_advantage(rewards, group=3))
-    [ 1.1547 -0.5773 -0.5773  0.      0.      0.    ]
-    >>> print(group_advantage(rewards, group=3, normalise_by_std=False))
-    [ 0.6667 -0.3333 -0.3333  0.      0.      0.    ]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> rewards = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+      >>> print(group_advantage(rewards, group=3))
+      [ 1.1547 -0.5773 -0.5773  0.      0.      0.    ]
+      >>> print(group_advantage(rewards, group=3, normalise_by_std=False))
+      [ 0.6667 -0.3333 -0.3333  0.      0.      0.    ]
     """
     check_group("group_advantage", rewards, group)
     centred = _centred_groups(rewards, group)
@@ -99,9 +100,10 @@ def rloo_advantage(rewards: jax.Array, group: int) -> jax.Array:
     `compute_rloo_outcome_advantage` agrees up to rounding. `group < 2` or a batch that does not
     divide into groups is a `ValueError`. `group` is static.
 
-    >>> import jax.numpy as jnp
-    >>> print(rloo_advantage(jnp.array([1.0, 0.0, 0.0, 2.0]), group=2))
-    [ 1. -1. -2.  2.]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> print(rloo_advantage(jnp.array([1.0, 0.0, 0.0, 2.0]), group=2))
+      [ 1. -1. -2.  2.]
     """
     check_group("rloo_advantage", rewards, group)
     rewards = jnp.asarray(rewards)
@@ -121,12 +123,13 @@ def terminal_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
     Tunix 0.1.7's PPO learner at the last completion token. Masked positions inside a row (holes)
     are skipped: the last kept position is the one that counts.
 
-    >>> import jax.numpy as jnp
-    >>> mask = jnp.array([[True, True, False], [True, False, True], [False, False, False]])
-    >>> print(terminal_rewards(jnp.array([1.0, 2.0, 3.0]), mask))
-    [[0. 1. 0.]
-     [0. 0. 2.]
-     [0. 0. 0.]]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> mask = jnp.array([[True, True, False], [True, False, True], [False, False, False]])
+      >>> print(terminal_rewards(jnp.array([1.0, 2.0, 3.0]), mask))
+      [[0. 1. 0.]
+       [0. 0. 2.]
+       [0. 0. 0.]]
     """
     check_rank("terminal_rewards", "rewards", rewards, 1, "[B]")
     check_rank("terminal_rewards", "mask", mask, 2, "[B, T]")
@@ -159,10 +162,11 @@ def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array
     Reference: verl d040717's DAPO reward manager (`overlong_buffer`), whose penalty factor 1 this
     keeps. `max_length <= buffer` or `buffer < 1` is a `ValueError`.
 
-    >>> import jax.numpy as jnp
-    >>> mask = jnp.arange(8)[None, :] < jnp.array([[4], [6], [7], [8]])
-    >>> print(overlong_penalty(mask, max_length=7, buffer=2))
-    [ 0.  -0.5 -1.  -1. ]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> mask = jnp.arange(8)[None, :] < jnp.array([[4], [6], [7], [8]])
+      >>> print(overlong_penalty(mask, max_length=7, buffer=2))
+      [ 0.  -0.5 -1.  -1. ]
     """
     check_rank("overlong_penalty", "mask", mask, 2, "[B, T]")
     if buffer < 1 or max_length <= buffer:
@@ -233,13 +237,14 @@ def gae(
     Returns:
       `(advantages, returns)`, each `[B, T]` float32.
 
-    >>> import jax.numpy as jnp
-    >>> rewards = jnp.array([[0.0, 0.0, 1.0, 0.0]])
-    >>> values = jnp.zeros((1, 4))
-    >>> mask = jnp.array([[True, True, True, False]])
-    >>> advantages, returns = gae(rewards, values, mask, gamma=1.0, lam=1.0)
-    >>> print(returns)
-    [[1. 1. 1. 0.]]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> rewards = jnp.array([[0.0, 0.0, 1.0, 0.0]])
+      >>> values = jnp.zeros((1, 4))
+      >>> mask = jnp.array([[True, True, True, False]])
+      >>> advantages, returns = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+      >>> print(returns)
+      [[1. 1. 1. 0.]]
     """
     check_rank("gae", "token_rewards", token_rewards, 2, "[B, T]")
     check_same_shape("gae", "values", values, "token_rewards", token_rewards)

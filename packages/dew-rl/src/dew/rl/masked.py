@@ -50,13 +50,14 @@ def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
     Returns:
       The masked mean, with `axis` reduced away.
 
-    >>> import jax.numpy as jnp
-    >>> x = jnp.array([[1.0, 2.0, jnp.nan], [3.0, 4.0, 5.0]])
-    >>> mask = jnp.array([[True, True, False], [True, False, False]])
-    >>> print(masked_mean(x, mask))
-    2.0
-    >>> print(masked_mean(x, mask, axis=1))
-    [1.5 3. ]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> x = jnp.array([[1.0, 2.0, jnp.nan], [3.0, 4.0, 5.0]])
+      >>> mask = jnp.array([[True, True, False], [True, False, False]])
+      >>> print(masked_mean(x, mask))
+      2.0
+      >>> print(masked_mean(x, mask, axis=1))
+      [1.5 3. ]
     """
     check_same_shape("masked_mean", "mask", mask, "x", x)
     kept, mask = _kept(x, mask)
@@ -78,11 +79,12 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     Reference: verl d040717 `verl.trainer.ppo.core_algos.agg_loss`. Tunix 0.1.7 clips the count
     at 1 and returns 0 for an all-masked batch; Dew follows verl and lets the NaN show.
 
-    >>> import jax.numpy as jnp
-    >>> losses = jnp.array([[1.0, 2.0, 3.0], [4.0, jnp.inf, jnp.nan]])
-    >>> mask = jnp.array([[True, True, True], [True, False, False]])
-    >>> print(token_mean(losses, mask))
-    2.5
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> losses = jnp.array([[1.0, 2.0, 3.0], [4.0, jnp.inf, jnp.nan]])
+      >>> mask = jnp.array([[True, True, True], [True, False, False]])
+      >>> print(token_mean(losses, mask))
+      2.5
     """
     check_same_shape("token_mean", "mask", mask, "x", x)
     kept, mask = _kept(x, mask)
@@ -110,11 +112,12 @@ def masked_whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
     Reference: verl d040717 `verl.utils.torch_functional.masked_whiten`; Tunix 0.1.7
     `tunix.rl.common.masked_whiten`.
 
-    >>> import jax.numpy as jnp
-    >>> x = jnp.array([1.0, 2.0, 3.0, 100.0])
-    >>> mask = jnp.array([True, True, True, False])
-    >>> print(masked_whiten(x, mask))
-    [-1.  0.  1. 98.]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> x = jnp.array([1.0, 2.0, 3.0, 100.0])
+      >>> mask = jnp.array([True, True, True, False])
+      >>> print(masked_whiten(x, mask))
+      [-1.  0.  1. 98.]
     """
     check_same_shape("masked_whiten", "mask", mask, "x", x)
     kept, mask = _kept(x, mask)
@@ -144,13 +147,14 @@ def segment_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = Non
     Reference: the per-row pooling of verl d040717 `compute_policy_loss_gspo`, extended to packed
     chains.
 
-    >>> import jax.numpy as jnp
-    >>> x = jnp.array([[1.0, 3.0, 10.0, 20.0, 0.0]])
-    >>> mask = jnp.array([[True, True, True, True, False]])
-    >>> print(segment_mean(x, mask))
-    [[8.5 8.5 8.5 8.5 8.5]]
-    >>> print(segment_mean(x, mask, segments=jnp.array([[1, 1, 2, 2, 2]])))
-    [[ 2.  2. 15. 15. 15.]]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> x = jnp.array([[1.0, 3.0, 10.0, 20.0, 0.0]])
+      >>> mask = jnp.array([[True, True, True, True, False]])
+      >>> print(segment_mean(x, mask))
+      [[8.5 8.5 8.5 8.5 8.5]]
+      >>> print(segment_mean(x, mask, segments=jnp.array([[1, 1, 2, 2, 2]])))
+      [[ 2.  2. 15. 15. 15.]]
     """
     check_rank("segment_mean", "x", x, 2, "[B, T]")
     check_same_shape("segment_mean", "mask", mask, "x", x)
@@ -188,11 +192,12 @@ def constant_length_mean(x: jax.Array, mask: jax.Array, length: int | None = Non
     and a learning-rate rescale away from it; Dew keeps the row mean so the loss does not grow
     with the batch.
 
-    >>> import jax.numpy as jnp
-    >>> x = jnp.array([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 0.0, 0.0]])
-    >>> mask = jnp.array([[True, True, True, True], [True, True, False, False]])
-    >>> print(constant_length_mean(x, mask))
-    1.0
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> x = jnp.array([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 0.0, 0.0]])
+      >>> mask = jnp.array([[True, True, True, True], [True, True, False, False]])
+      >>> print(constant_length_mean(x, mask))
+      1.0
     """
     check_rank("constant_length_mean", "x", x, 2, "[B, T]")
     check_same_shape("constant_length_mean", "mask", mask, "x", x)

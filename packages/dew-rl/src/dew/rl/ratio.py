@@ -38,9 +38,10 @@ def token_log_ratio(log_probs: jax.Array, old_log_probs: jax.Array) -> jax.Array
 
     Reference: verl d040717 `compute_policy_loss_vanilla`; Tunix 0.1.7 `grpo_loss_fn`.
 
-    >>> import jax.numpy as jnp
-    >>> print(token_log_ratio(jnp.array([-1.0, -30.0, 0.0]), jnp.array([-1.5, 0.0, -25.0])))
-    [  0.5 -20.   20. ]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> print(token_log_ratio(jnp.array([-1.0, -30.0, 0.0]), jnp.array([-1.5, 0.0, -25.0])))
+      [  0.5 -20.   20. ]
     """
     check_same_shape("token_log_ratio", "old_log_probs", old_log_probs, "log_probs", log_probs)
     log_probs, old_log_probs = as_float(log_probs, old_log_probs)
@@ -87,14 +88,15 @@ def sequence_log_ratio(
     Returns:
       `[B, T]` log ratios, every position holding its sequence's value.
 
-    >>> import jax.numpy as jnp
-    >>> log_probs = jnp.array([[-1.0, -2.0, -3.0, 0.0]])
-    >>> old = jnp.array([[-1.5, -2.5, -2.0, 0.0]])
-    >>> mask = jnp.array([[True, True, True, False]])
-    >>> print(sequence_log_ratio(log_probs, old, mask))
-    [[0. 0. 0. 0.]]
-    >>> print(sequence_log_ratio(log_probs, old, mask, segments=jnp.array([[1, 1, 2, 2]])))
-    [[ 0.5  0.5 -1.  -1. ]]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> log_probs = jnp.array([[-1.0, -2.0, -3.0, 0.0]])
+      >>> old = jnp.array([[-1.5, -2.5, -2.0, 0.0]])
+      >>> mask = jnp.array([[True, True, True, False]])
+      >>> print(sequence_log_ratio(log_probs, old, mask))
+      [[0. 0. 0. 0.]]
+      >>> print(sequence_log_ratio(log_probs, old, mask, segments=jnp.array([[1, 1, 2, 2]])))
+      [[ 0.5  0.5 -1.  -1. ]]
     """
     check_rank("sequence_log_ratio", "log_probs", log_probs, 2, "[B, T]")
     check_same_shape("sequence_log_ratio", "old_log_probs", old_log_probs, "log_probs", log_probs)
@@ -130,12 +132,13 @@ def behavior_importance_weights(
 
     `cap <= 0` is a `ValueError`. Tunix 0.1.7 has no counterpart.
 
-    >>> import jax.numpy as jnp
-    >>> old = jnp.array([[0.0, -1.0, jnp.nan]])
-    >>> behavior = jnp.array([[-1.0, 0.0, 0.0]])
-    >>> mask = jnp.array([[True, True, False]])
-    >>> print(behavior_importance_weights(old, behavior, mask, cap=2.0))
-    [[2.     0.3679 0.    ]]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> old = jnp.array([[0.0, -1.0, jnp.nan]])
+      >>> behavior = jnp.array([[-1.0, 0.0, 0.0]])
+      >>> mask = jnp.array([[True, True, False]])
+      >>> print(behavior_importance_weights(old, behavior, mask, cap=2.0))
+      [[2.     0.3679 0.    ]]
     """
     check_same_shape(
         "behavior_importance_weights",

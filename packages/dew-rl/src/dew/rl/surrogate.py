@@ -100,11 +100,12 @@ def clipped_surrogate_terms(
     Reference: verl d040717 `compute_policy_loss_vanilla` before its `agg_loss`; Tunix 0.1.7
     `grpo_loss_fn` with `epsilon_c`. `dual_clip <= 1` and negative epsilons are `ValueError`s.
 
-    >>> import jax.numpy as jnp
-    >>> log_ratio = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
-    >>> terms, _ = clipped_surrogate_terms(log_ratio, jnp.array([1.0]), jnp.ones((1, 3), bool))
-    >>> print(terms)
-    [[-1.  -1.2 -0.5]]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> log_ratio = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
+      >>> terms, _ = clipped_surrogate_terms(log_ratio, jnp.array([1.0]), jnp.ones((1, 3), bool))
+      >>> print(terms)
+      [[-1.  -1.2 -0.5]]
     """
     return _dual_clipped_terms(
         "clipped_surrogate_terms", log_ratio, advantages, mask, epsilon_low, epsilon_high, dual_clip
@@ -134,12 +135,13 @@ def clipped_surrogate(
     `grpo_loss_fn` with token-mean and `epsilon_c`. `dual_clip <= 1` and negative epsilons are
     `ValueError`s.
 
-    >>> import jax.numpy as jnp
-    >>> log_ratio = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
-    >>> advantages = jnp.array([1.0])
-    >>> loss, metrics = clipped_surrogate(log_ratio, advantages, jnp.ones((1, 3), bool))
-    >>> print(f"{loss:.4f} {metrics['pg_clipfrac']:.4f}")
-    -0.9000 0.3333
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> log_ratio = jnp.log(jnp.array([[1.0, 1.5, 0.5]]))
+      >>> advantages = jnp.array([1.0])
+      >>> loss, metrics = clipped_surrogate(log_ratio, advantages, jnp.ones((1, 3), bool))
+      >>> print(f"{loss:.4f} {metrics['pg_clipfrac']:.4f}")
+      -0.9000 0.3333
     """
     terms, metrics = _dual_clipped_terms(
         "clipped_surrogate", log_ratio, advantages, mask, epsilon_low, epsilon_high, dual_clip
@@ -164,11 +166,12 @@ def clipped_value_loss_terms(
     Reference: verl d040717 `compute_value_loss`; Tunix 0.1.7 `ppo_value_loss_fn`. Negative
     `clip` is a `ValueError`.
 
-    >>> import jax.numpy as jnp
-    >>> terms = clipped_value_loss_terms(
-    ...     jnp.array([1.0, 0.5]), jnp.array([0.0, 0.0]), jnp.array([0.5, 0.5]))
-    >>> print(terms)
-    [0.5   0.125]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> terms = clipped_value_loss_terms(
+      ...     jnp.array([1.0, 0.5]), jnp.array([0.0, 0.0]), jnp.array([0.5, 0.5]))
+      >>> print(terms)
+      [0.5   0.125]
     """
     check_same_shape("clipped_value_loss_terms", "returns", returns, "predicted", predicted)
     check_same_shape("clipped_value_loss_terms", "old_values", old_values, "predicted", predicted)
@@ -197,9 +200,10 @@ def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
     Reference: verl d040717 `kl_penalty("low_var_kl")`; Tunix 0.1.7 `compute_kl_divergence` with
     `kl_clamp_value=10`.
 
-    >>> import jax.numpy as jnp
-    >>> print(k3_kl(jnp.array([-1.0, -1.0, -20.0]), jnp.array([-1.0, -2.0, 0.0])))
-    [ 0.      0.3679 10.    ]
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> print(k3_kl(jnp.array([-1.0, -1.0, -20.0]), jnp.array([-1.0, -2.0, 0.0])))
+      [ 0.      0.3679 10.    ]
     """
     check_same_shape("k3_kl", "ref_log_probs", ref_log_probs, "log_probs", log_probs)
     log_probs, ref_log_probs = as_float(log_probs, ref_log_probs)
@@ -244,11 +248,12 @@ def preference_logsigmoid(
     Returns:
       The scalar loss.
 
-    >>> import jax.numpy as jnp
-    >>> zeros, mask = jnp.zeros((2, 3)), jnp.ones((2, 3), bool)
-    >>> loss = preference_logsigmoid(zeros, zeros, zeros, zeros, mask, mask, beta=0.1)
-    >>> print(f"{loss:.4f}")  # log 2
-    0.6931
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> zeros, mask = jnp.zeros((2, 3)), jnp.ones((2, 3), bool)
+      >>> loss = preference_logsigmoid(zeros, zeros, zeros, zeros, mask, mask, beta=0.1)
+      >>> print(f"{loss:.4f}")  # log 2
+      0.6931
     """
     name = "preference_logsigmoid"
     check_rank(name, "policy_chosen", policy_chosen, 2, "[P, T]")
