@@ -1,0 +1,99 @@
+"""Orbax checkpoints of a run's state: params, optimizer state and, when kept, reference params.
+
+Each save is atomic (Orbax writes a temporary folder and renames it), so an interrupted or failed
+run leaves its last completed checkpoint intact. State pytrees are stored as flat dicts keyed by
+their dotted paths (`layers.0.self_attn.q_proj.kernel`) and restored into a template's structure,
+shapes and shardings.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+__all__ = [
+    "Checkpoints",
+    "flatten",
+    "path_key",
+    "unflatten",
+]
+
+
+def path_key(path) -> str:
+    """The dotted name of a pytree key path.
+
+    >>> path_key(jax.tree_util.tree_flatten_with_path({"a": [1, {"b": 2}]})[0][1][0])
+    'a.1.b'
+    """
+    parts = []
+    for key in path:
+        for attribute in ("key", "idx", "name"):
+            if hasattr(key, attribute):
+                parts.append(str(getattr(key, attribute)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+def flatten(tree) -> dict[str, Any]:
+    """`tree`'s leaves keyed by their dotted paths."""
+    return {path_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def unflatten(template, flat: dict[str, Any]):
+    """`template`'s structure with its leaves taken from `flat` by dotted path."""
+    paths, treedef = jax.tree_util.tree_flatten_with_path(template)
+    return jax.tree_util.tree_unflatten(treedef, [flat[path_key(path)] for path, _ in paths])
+
+
+def _abstract(x):
+    sharding = getattr(x, "sharding", None)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+class Checkpoints:
+    """The checkpoints of one run folder, `directory`, keeping the latest `keep`."""
+
+    def __init__(self, directory: str | Path, keep: int = 3):
+        self.directory = Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=False
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        """The step of the newest complete checkpoint, or None."""
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """The steps of the kept checkpoints, oldest first."""
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Write `state` (named pytrees, one Orbax item each) as the checkpoint of `step`."""
+        items = {name: ocp.args.StandardSave(flatten(tree)) for name, tree in state.items()}
+        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self.manager.wait_until_finished()
+
+    def restore(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        """The items of `template` saved at `step`, shaped and placed like it.
+
+        `template` maps item names to pytrees of arrays or `jax.ShapeDtypeStruct`s; items saved
+        but not named (the optimizer state, when only params are wanted) are not read.
+        """
+        items = {
+            name: ocp.args.StandardRestore(flatten(jax.tree.map(_abstract, tree)))
+            for name, tree in template.items()
+        }
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        return {name: unflatten(template[name], restored[name]) for name in template}
+
+    def items(self, step: int) -> list[str]:
+        """The names of the items saved at `step`."""
+        return sorted(self.manager.item_metadata(step).keys())
+
+    def close(self) -> None:
+        """Finish pending work and release the manager."""
+        self.manager.close()

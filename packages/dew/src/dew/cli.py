@@ -1,0 +1,339 @@
+"""The `dew` command: `dew train` teaches a policy a task, `dew sample` shows what it learned.
+
+`dew train --objective NAME --help` lists the objective's own hyperparameters: every field of the
+objective's dataclass becomes a `--field-name` flag. Invalid options stop the command with a
+one-line message before anything is compiled.
+"""
+
+import argparse
+import ast
+import dataclasses
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from dew.objective import available_objectives, objective_class
+
+__all__ = ["CommandError", "build_parser", "main", "parse_train", "train_parser"]
+
+TRAIN_FLAGS: list[tuple[str, type, str]] = [
+    ("objective", str, "the objective, by entry-point name"),
+    ("task", str, "the task, by name"),
+    ("steps", int, "total training steps (rollout + updates), counting resumed ones"),
+    ("prompts", int, "prompts per step"),
+    ("group", int, "completions per prompt"),
+    ("lr", float, "AdamW learning rate"),
+    ("seed", int, "seed of the weights, prompts and sampling"),
+    ("out", str, "run folder (default runs/<YYYYmmdd-HHMMSS>)"),
+    ("devices", int, "devices in the data-parallel mesh (default: all)"),
+    ("model", str, "model size: tiny, default or small"),
+    ("updates_per_rollout", int, "optimizer steps per rollout"),
+    ("micro_batches", int, "group-aligned micro-batches per optimizer step"),
+    ("checkpoint_every", int, "checkpoint every N steps (and at the end)"),
+    ("temperature", float, "sampling temperature"),
+    ("top_p", float, "nucleus sampling mass"),
+    ("weight_decay", float, "AdamW weight decay"),
+    ("max_grad_norm", float, "global gradient-norm clip"),
+    ("warmup", int, "optimizer steps of linear learning-rate warmup"),
+]
+
+
+class CommandError(Exception):
+    """A user mistake on the command line; printed as one line, exit status 2."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _optional(parse):
+    def parse_optional(text: str):
+        return None if text.lower() == "none" else parse(text)
+
+    parse_optional.__name__ = getattr(parse, "__name__", "value")
+    return parse_optional
+
+
+def field_parser(annotation) -> tuple[Any, bool]:
+    """The argparse `type` for a dataclass field's annotation, and whether it is a bool.
+
+    `float | None` and the like accept `none`.
+
+    >>> field_parser(float | None)[0]("none") is None, field_parser(int)[0]("3")
+    (True, 3)
+    """
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        inner, is_bool = field_parser(args[0]) if len(args) == 1 else (str, False)
+        return (
+            _optional(inner) if len(args) < len(typing.get_args(annotation)) else inner
+        ), is_bool
+    if origin is typing.Literal:
+        return str, False
+    if annotation is bool:
+        return bool, True
+    if annotation in (int, float, str):
+        return annotation, False
+    return str, False
+
+
+def add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
+    """Add one flag per dataclass field of objective class `cls`; the field names."""
+    if not dataclasses.is_dataclass(cls):
+        return []
+    hints = typing.get_type_hints(cls)
+    group = parser.add_argument_group(f"{cls.__name__} options")
+    names = []
+    for field in dataclasses.fields(cls):
+        if not field.init or typing.get_origin(hints.get(field.name)) is typing.ClassVar:
+            continue
+        parse, is_bool = field_parser(hints.get(field.name, str))
+        default = field.default
+        if default is dataclasses.MISSING and field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        if is_bool:
+            group.add_argument(
+                _flag(field.name),
+                dest=f"objective.{field.name}",
+                default=argparse.SUPPRESS,
+                action=argparse.BooleanOptionalAction,
+                help=f"(default: {default})",
+            )
+        else:
+            choices = (
+                typing.get_args(hints[field.name])
+                if typing.get_origin(hints[field.name]) is typing.Literal
+                else None
+            )
+            group.add_argument(
+                _flag(field.name),
+                dest=f"objective.{field.name}",
+                type=parse,
+                choices=choices,
+                default=argparse.SUPPRESS,
+                metavar=field.name.upper(),
+                help=f"(default: {default})",
+            )
+        names.append(field.name)
+    return names
+
+
+def task_option(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` as a (key, value) pair, the value read as a Python literal when it is one.
+
+    >>> task_option("max_len=6"), task_option("mode=fast")
+    (('max_len', 6), ('mode', 'fast'))
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParser:
+    """The parser of `dew train`, with the objective's flags when its class is known."""
+    parser = argparse.ArgumentParser(
+        prog="dew train",
+        description="Train a policy on a task; writes config.json, metrics.jsonl, checkpoints/ "
+        "and reward.png to the run folder.",
+        exit_on_error=False,
+    )
+    for name, parse, text in TRAIN_FLAGS:
+        parser.add_argument(
+            _flag(name),
+            type=parse,
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=f"{text} (default: {getattr(defaults, name)})",
+        )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="continue the run in --out (default: the newest in runs/) from its last checkpoint",
+    )
+    parser.add_argument(
+        "--fsdp",
+        action=argparse.BooleanOptionalAction,
+        default=argparse.SUPPRESS,
+        help="shard each parameter's largest axis over the devices (default: replicate)",
+    )
+    parser.add_argument(
+        "--kv-cache",
+        dest="kv_cache",
+        action=argparse.BooleanOptionalAction,
+        default=argparse.SUPPRESS,
+        help="sample with a KV cache (default: on)",
+    )
+    parser.add_argument(
+        "--task-option",
+        dest="task_options",
+        action="append",
+        type=task_option,
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="an argument of the task, repeatable (e.g. max_len=6 for the digit tasks)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    if objective_cls is not None:
+        add_objective_flags(parser, objective_cls)
+    return parser
+
+
+def newest_run(root: Path = Path("runs")) -> Path:
+    """The most recent run folder under `root` (names are timestamps)."""
+    runs = (
+        sorted(p for p in root.glob("*") if (p / "config.json").exists()) if root.exists() else []
+    )
+    if not runs:
+        raise CommandError(f"--resume: no run folder under {root}/; pass --out")
+    return runs[-1]
+
+
+def parse_train(argv: list[str]):
+    """The `TrainConfig` and the `--quiet` flag of a `dew train` command line."""
+    from dew.runlog import read_config
+    from dew.trainer import TrainConfig
+
+    defaults = TrainConfig()
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--objective")
+    first.add_argument("--out")
+    first.add_argument("--resume", action="store_true")
+    known, _ = first.parse_known_args(argv)
+    saved: dict[str, Any] = {}
+    if known.resume:
+        run_dir = Path(known.out) if known.out else newest_run()
+        try:
+            saved = read_config(run_dir)
+        except FileNotFoundError as error:
+            raise CommandError(f"--resume: {error}") from error
+        saved["out"] = str(run_dir)
+    name = known.objective or saved.get("objective") or defaults.objective
+    if name not in available_objectives():
+        raise CommandError(
+            f"unknown objective {name!r}; available: {', '.join(available_objectives()) or 'none'}"
+        )
+    cls = objective_class(name)
+    try:
+        args = vars(train_parser(cls, defaults).parse_args(argv))
+    except argparse.ArgumentError as error:
+        raise CommandError(str(error)) from error
+    quiet = args.pop("quiet", False)
+    options = dict(saved.get("objective_options", {})) if saved.get("objective") == name else {}
+    options.update({k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("objective.")})
+    task_options = dict(saved.get("task_options", {}))
+    task_options.update(dict(args.pop("task_options", [])))
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in saved.items() if k in fields}
+    values.update({k: v for k, v in args.items() if k in fields})
+    values.update(objective=name, objective_options=options, task_options=task_options)
+    return TrainConfig(**values), quiet
+
+
+def command_train(argv: list[str]) -> int:
+    """Run `dew train`; the exit status."""
+    config, quiet = parse_train(argv)
+    from rich.console import Console
+
+    from dew.rollout import RewardError
+    from dew.trainer import ConfigError, TrainingError, train
+
+    console = Console()
+    try:
+        result = train(
+            config,
+            console=console,
+            quiet=quiet,
+            on_start=lambda d: console.print(f"run folder: {d}", highlight=False),
+        )
+    except ConfigError as error:
+        raise CommandError(str(error)) from error
+    except (RewardError, TrainingError) as error:
+        print(f"dew: {error}", file=sys.stderr)
+        return 1
+    last = result.history[-1] if result.history else {}
+    console.print(
+        f"run folder: {result.run_dir}\n"
+        f"final mean reward {result.final_reward:.3f}, greedy reward {result.greedy_reward:.3f} "
+        f"(step {last.get('step', 0)}, {last.get('time', 0.0):.1f} s)",
+        highlight=False,
+    )
+    return 0
+
+
+def command_sample(argv: list[str]) -> int:
+    """Run `dew sample`; the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="dew sample",
+        description="Print prompts with the trained model's completions.",
+        exit_on_error=False,
+    )
+    parser.add_argument("--run", required=True, help="the run folder")
+    parser.add_argument("--n", type=int, default=5, help="how many prompts (default: 5)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts (default: 0)")
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as error:
+        raise CommandError(str(error)) from error
+    if args.n <= 0 or args.temperature < 0:
+        raise CommandError("--n must be > 0 and --temperature >= 0")
+    from dew.inference import load_run, sample_run
+
+    try:
+        run = load_run(args.run)
+    except (FileNotFoundError, ValueError) as error:
+        raise CommandError(str(error)) from error
+    decode = run.task.tokenizer.decode
+    print(f"run {args.run}, step {run.step}, task {run.task.name}")
+    for prompt, completion, reward in sample_run(run, args.n, args.temperature, args.seed):
+        print(f"{decode(prompt):>14}  {decode(completion):<12} reward {reward:.2f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level `dew` parser (its help lists the commands)."""
+    parser = argparse.ArgumentParser(
+        prog="dew",
+        description="Dew: RL post-training of language models in JAX.",
+        epilog="`dew train --help` lists the training flags; `dew train --objective NAME --help` "
+        "adds that objective's own.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser(
+        "train", help="train a policy on a task (default: GRPO on reverse)", add_help=False
+    )
+    commands.add_parser(
+        "sample", help="print prompts with a trained run's completions", add_help=False
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `dew` entry point; the exit status (also raised as `SystemExit` from the script)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("train", "sample"):
+        parser = build_parser()
+        if not argv or argv[0] in ("-h", "--help"):
+            parser.print_help()
+            return 0
+        parser.print_usage(sys.stderr)
+        print(f"dew: error: unknown command {argv[0]!r}; use train or sample", file=sys.stderr)
+        return 2
+    try:
+        if argv[0] == "train":
+            return command_train(argv[1:])
+        return command_sample(argv[1:])
+    except CommandError as error:
+        print(f"dew: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dew: interrupted; the last checkpoint is kept", file=sys.stderr)
+        return 130

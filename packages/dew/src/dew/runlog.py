@@ -1,0 +1,129 @@
+"""The run folder's text files, `config.json` and `metrics.jsonl`, and the live progress display."""
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = [
+    "CONFIG",
+    "METRICS",
+    "Display",
+    "MetricsFile",
+    "default_run_dir",
+    "read_config",
+    "read_metrics",
+    "write_config",
+]
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+
+
+def default_run_dir(root: str | Path = "runs") -> Path:
+    """`root/<YYYYmmdd-HHMMSS>`, with a `-N` suffix when that folder already exists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = Path(root) / stamp, 1
+    while candidate.exists():
+        candidate, n = Path(root) / f"{stamp}-{n}", n + 1
+    return candidate
+
+
+def write_config(run_dir: Path, config: dict[str, Any]) -> None:
+    """Write `config` to `run_dir/config.json`."""
+    (run_dir / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any]:
+    """The `config.json` of `run_dir`, or `FileNotFoundError` naming it."""
+    path = Path(run_dir) / CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {CONFIG}")
+    return json.loads(path.read_text())
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of `run_dir/metrics.jsonl`, in order (empty when absent)."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _clean(value):
+    """`value`, with a non-finite float written as JSON null (strict JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsFile:
+    """`metrics.jsonl`: one JSON object per step, flushed as it is written."""
+
+    def __init__(self, run_dir: Path, keep_through: int | None = None):
+        """Open the file: keep the rows up to step `keep_through` (resume), or start empty."""
+        self.path = run_dir / METRICS
+        rows = read_metrics(run_dir) if keep_through is not None else []
+        self.rows = [row for row in rows if row["step"] <= (keep_through or 0)]
+        with self.path.open("w") as out:
+            out.writelines(json.dumps(row) + "\n" for row in self.rows)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Add the metrics of one step (a NaN is kept in `rows` and written as null)."""
+        self.rows.append(row)
+        with self.path.open("a") as out:
+            out.write(json.dumps({key: _clean(value) for key, value in row.items()}) + "\n")
+
+
+class Display:
+    """A rich progress bar (step, reward, steps/s) on a terminal; plain lines otherwise."""
+
+    def __init__(self, total: int, start: int, console: Console | None = None, quiet: bool = False):
+        self.console = console or Console(file=sys.stdout)
+        self.total, self.quiet = total, quiet
+        self.every = max(1, total // 20)
+        self.progress = None
+        if not quiet and self.console.is_terminal:
+            self.progress = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("reward {task.fields[reward]:.3f}"),
+                TextColumn("loss {task.fields[loss]:.4f}"),
+                TextColumn("{task.fields[rate]:.2f} steps/s"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self.task = self.progress.add_task(
+                "train", total=total, completed=start, reward=0.0, loss=0.0, rate=0.0
+            )
+            self.progress.start()
+
+    def update(self, row: dict[str, Any]) -> None:
+        """Show the metrics of the step just finished."""
+        if self.quiet:
+            return
+        if self.progress is not None:
+            self.progress.update(
+                self.task,
+                completed=row["step"],
+                reward=row["reward"],
+                loss=row["loss"],
+                rate=row["steps_per_s"],
+            )
+        elif row["step"] % self.every == 0 or row["step"] == self.total:
+            self.console.print(
+                f"step {row['step']}/{self.total}  reward {row['reward']:.3f}  "
+                f"loss {row['loss']:.4f}  {row['steps_per_s']:.2f} steps/s  "
+                f"{row['time']:.1f}s",
+                highlight=False,
+            )
+
+    def close(self) -> None:
+        """Stop the live bar."""
+        if self.progress is not None:
+            self.progress.stop()

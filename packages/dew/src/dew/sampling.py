@@ -1,0 +1,200 @@
+"""Batched autoregressive sampling with a KV cache, temperature and top-p, in one `jit`.
+
+Prompts are left-aligned and right-padded to a fixed width, so every row reads position `t` at
+step `t` and one cache slot index serves the batch. The loop walks the positions one token at a
+time: while `t` is inside a row's prompt the row is fed its own prompt token, after that the row
+samples until it draws EOS or reaches `max_new_tokens`. Shapes depend only on the batch size, the
+prompt width and `max_new_tokens`, so a run compiles the sampler once.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dew.model import Policy
+from dew.traces import count_trace
+
+__all__ = [
+    "Samples",
+    "sample",
+    "sample_state",
+    "sampling_log_probs",
+]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Samples:
+    """What `sample` returns, all `[B, T]` with `T = prompt width + max_new_tokens`.
+
+    Attributes:
+      tokens: prompt, completion (its EOS included), then PAD.
+      prompt_mask: true on the prompt's tokens.
+      completion_mask: true on the sampled tokens, up to and including the first EOS.
+      behavior_log_probs: the log-probability each sampled token had under the distribution it
+        was drawn from (temperature and top-p applied); 0 elsewhere, and 0 for greedy decoding.
+    """
+
+    tokens: jax.Array
+    prompt_mask: jax.Array
+    completion_mask: jax.Array
+    behavior_log_probs: jax.Array
+
+
+def sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
+    """Log-probs `[..., V]` of the distribution sampled from: softmax(logits / temperature),
+    restricted to the smallest top set holding `top_p` of the mass and renormalised.
+
+    Tokens outside the nucleus get -inf. Ties at the nucleus edge are all kept.
+
+    >>> logits = jnp.log(jnp.array([0.5, 0.3, 0.2]))
+    >>> jnp.exp(sampling_log_probs(logits, 1.0, 0.7)).round(3)
+    Array([0.625, 0.375, 0.   ], dtype=float32)
+    """
+    scaled = logits.astype(jnp.float32) / temperature
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    if top_p >= 1.0:
+        return logp
+    probs = jnp.exp(logp)
+    ordered = jnp.sort(probs, axis=-1)[..., ::-1]
+    before = jnp.cumsum(ordered, axis=-1) - ordered
+    kept = before < top_p
+    threshold = jnp.min(jnp.where(kept, ordered, jnp.inf), axis=-1, keepdims=True)
+    return jax.nn.log_softmax(jnp.where(probs >= threshold, scaled, -jnp.inf), axis=-1)
+
+
+def _choose(logits, key, temperature, top_p):
+    """The next token `[B]` and its behaviour log-prob `[B]`."""
+    if temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[0])
+    logp = sampling_log_probs(logits, temperature, top_p)
+    token = jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "eos_id",
+        "pad_id",
+        "kv_cache",
+    ),
+)
+def sample_state(
+    graphdef: nnx.GraphDef,
+    params,
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    eos_id: int,
+    pad_id: int = 0,
+    kv_cache: bool = True,
+) -> Samples:
+    """`sample` on a model split into `graphdef` and `params` (`nnx.split`), compiled once."""
+    count_trace("sample")
+    model = nnx.merge(graphdef, params)
+    batch, width = prompts.shape
+    length = width + max_new_tokens
+    tokens = jnp.full((batch, length), pad_id, jnp.int32).at[:, :width].set(prompts)
+    position = jnp.arange(length)
+    prompt_mask = position[None, :] < prompt_lengths[:, None]
+    end = prompt_lengths + max_new_tokens  # first position past each row's completion budget
+    cache = model.init_cache(batch, length) if kv_cache else ()
+
+    def step(carry):
+        t, tokens, behavior, completion, done, cache = carry
+        if kv_cache:
+            logits, cache = model.decode(jax.lax.dynamic_slice_in_dim(tokens, t, 1, 1), t, cache)
+            logits = logits[:, 0]
+        else:
+            logits = jax.lax.dynamic_index_in_dim(model(tokens), t, 1, keepdims=False)
+        nxt = t + 1
+        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, nxt), temperature, top_p)
+        sampling = (nxt >= prompt_lengths) & ~done
+        current = jax.lax.dynamic_index_in_dim(tokens, nxt, 1, keepdims=False)
+        chosen = jnp.where(sampling, drawn, jnp.where(nxt < prompt_lengths, current, pad_id))
+        tokens = jax.lax.dynamic_update_index_in_dim(tokens, chosen, nxt, 1)
+        logp = jnp.where(sampling, drawn_logp, 0.0)
+        behavior = jax.lax.dynamic_update_index_in_dim(behavior, logp, nxt, 1)
+        completion = jax.lax.dynamic_update_index_in_dim(completion, sampling, nxt, 1)
+        done = done | (sampling & ((drawn == eos_id) | (nxt + 1 >= end)))
+        return nxt, tokens, behavior, completion, done, cache
+
+    def more(carry):
+        t, *_, done, _ = carry
+        return (t < length - 1) & ~jnp.all(done)
+
+    start = (
+        jnp.int32(0),
+        tokens,
+        jnp.zeros((batch, length), jnp.float32),
+        jnp.zeros((batch, length), bool),
+        jnp.zeros((batch,), bool),
+        cache,
+    )
+    _, tokens, behavior, completion, _, _ = jax.lax.while_loop(more, step, start)
+    return Samples(tokens, prompt_mask, completion, behavior)
+
+
+def sample(
+    model: Policy,
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    eos_id: int,
+    pad_id: int = 0,
+    kv_cache: bool = True,
+) -> Samples:
+    """Completions of `prompts` drawn from `model`: `Samples` of `[B, P + max_new_tokens]` arrays.
+
+    Args:
+      prompts: `[B, P]` token ids, each row's prompt left-aligned and right-padded.
+      prompt_lengths: `[B]` length of each prompt (at least 1).
+      key: PRNG key; the token at position t is drawn with `fold_in(key, t)`.
+      max_new_tokens: the most tokens a row samples; a row stops early at EOS.
+      temperature: softmax temperature; 0 decodes greedily.
+      top_p: nucleus mass (1 keeps every token).
+      kv_cache: reuse keys and values across steps (False recomputes the prefix each step).
+
+    >>> from dew.model import CONFIGS, build
+    >>> out = sample(build(CONFIGS["tiny"], 0), jnp.array([[1, 5, 3]]), jnp.array([3]),
+    ...              jax.random.key(0), max_new_tokens=4, eos_id=2)
+    >>> out.tokens.shape, bool(out.prompt_mask[0, :3].all())
+    ((1, 7), True)
+    """
+    if prompts.ndim != 2 or prompt_lengths.shape != prompts.shape[:1]:
+        raise ValueError(
+            f"prompts must be [B, P] and prompt_lengths [B], got {prompts.shape} and "
+            f"{prompt_lengths.shape}"
+        )
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    graphdef, params = nnx.split(model)
+    return sample_state(
+        graphdef,
+        params,
+        prompts,
+        prompt_lengths,
+        key,
+        max_new_tokens=max_new_tokens,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        eos_id=eos_id,
+        pad_id=pad_id,
+        kv_cache=kv_cache,
+    )

@@ -1,0 +1,47 @@
+"""Test-only objectives and helpers for the core tests."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from dew.batch import Batch
+from dew.model import log_probs
+
+
+@dataclasses.dataclass(frozen=True)
+class Reinforce:
+    """Group-baselined REINFORCE with an importance ratio, in plain jnp (a GRPO without clipping).
+
+    A_i = (r_i - mean_group(r)) / (std_group(r) + 1e-6); loss = -token_mean(exp(lp - old_lp) A).
+    """
+
+    data = "samples"
+    needs_reference = False
+    needs_values = False
+    scale_by_std: bool = True
+
+    def prepare(self, batch: Batch) -> Batch:
+        rewards = batch.rewards.reshape(-1, batch.group)
+        centred = rewards - rewards.mean(axis=1, keepdims=True)
+        if self.scale_by_std:
+            centred = centred / (rewards.std(axis=1, keepdims=True) + 1e-6)
+        return batch.replace(advantages=centred.reshape(-1))
+
+    def loss(self, model, batch: Batch):
+        batch.require("old_log_probs", "advantages", by="reinforce")
+        mask = batch.completion_mask
+        lp = log_probs(model, batch.tokens, mask)
+        ratio = jnp.exp(lp - jax.lax.stop_gradient(batch.old_log_probs))
+        terms = -ratio * batch.advantages[:, None]
+        loss = jnp.sum(jnp.where(mask, terms, 0.0)) / jnp.sum(mask)
+        return loss, {"ratio": jnp.sum(jnp.where(mask, ratio, 0.0)) / jnp.sum(mask)}
+
+    def loss_weight(self, batch: Batch):
+        return jnp.sum(batch.completion_mask).astype(jnp.float32)
+
+
+@pytest.fixture
+def reinforce() -> Reinforce:
+    return Reinforce()

@@ -1,0 +1,178 @@
+"""The `dew` command: help, objective flags, one-line errors, a short train and sample."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dew import cli
+from dew.objectives.sft import SFT
+from dew.traces import TRACES
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs(SFT):
+    """An SFT with one field of each kind the CLI must turn into a flag."""
+
+    scale: float = 1.0
+    clip: float | None = 3.0
+    rounds: int = 2
+    whiten: bool = True
+    mode: str = "mean"
+
+
+@pytest.fixture
+def knobs(monkeypatch):
+    real = cli.objective_class
+    monkeypatch.setattr(cli, "available_objectives", lambda: {"knobs": None, "sft": None})
+    monkeypatch.setattr(
+        cli, "objective_class", lambda name: Knobs if name == "knobs" else real(name)
+    )
+    return Knobs
+
+
+def test_dew_help_lists_the_commands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "train" in out and "sample" in out
+
+
+def test_train_help_lists_the_objectives_flags(capsys, knobs):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["train", "--objective", "knobs", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for flag in [
+        "--steps",
+        "--group",
+        "--lr",
+        "--devices",
+        "--resume",
+        "--scale",
+        "--clip",
+        "--rounds",
+        "--whiten",
+        "--no-whiten",
+        "--mode",
+    ]:
+        assert flag in out, flag
+
+
+def test_objective_flags_are_parsed_with_their_types(knobs):
+    argv = [
+        "--objective",
+        "knobs",
+        "--scale",
+        "0.5",
+        "--clip",
+        "none",
+        "--rounds",
+        "4",
+        "--no-whiten",
+        "--mode",
+        "sum",
+        "--steps",
+        "7",
+    ]
+    config, _ = cli.parse_train(argv)
+    assert config.objective == "knobs" and config.steps == 7
+    assert config.objective_options == {
+        "scale": 0.5,
+        "clip": None,
+        "rounds": 4,
+        "whiten": False,
+        "mode": "sum",
+    }
+    config, _ = cli.parse_train(["--objective", "knobs"])
+    assert config.objective_options == {} and config.group == 8 and config.task == "reverse"
+
+
+def test_an_unknown_objective_is_one_line_listing_the_available(capsys):
+    assert cli.main(["train", "--objective", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dew: error: unknown objective 'nope'; available:") and "sft" in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--objective", "sft", "--steps", "0"], "--steps must be > 0"),
+        (["--objective", "sft", "--task", "juggle"], "unknown task 'juggle'"),
+        (["--objective", "sft", "--lr", "-1"], "--lr must be > 0"),
+        (["--objective", "sft", "--steps", "many"], "invalid int value"),
+    ],
+)
+def test_invalid_values_stop_before_compiling(capsys, tmp_path, argv, message):
+    before = dict(TRACES)
+    assert cli.main(["train", *argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert before == TRACES
+
+
+def test_group_below_two_is_refused_for_a_sampling_objective(capsys, tmp_path, monkeypatch):
+    from dew import config
+
+    monkeypatch.setattr(config, "load_objective", lambda name, options: _Sampling())
+    assert cli.main(["train", "--objective", "sft", "--group", "1", "--out", str(tmp_path)]) == 2
+    assert "--group must be >= 2" in capsys.readouterr().err
+
+
+class _Sampling(SFT):
+    data = "samples"
+
+
+def test_train_then_resume_then_sample(capsys, tmp_path):
+    run = tmp_path / "run"
+    common = [
+        "--objective",
+        "sft",
+        "--model",
+        "tiny",
+        "--prompts",
+        "8",
+        "--lr",
+        "0.01",
+        "--out",
+        str(run),
+    ]
+    assert cli.main(["train", *common, "--steps", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"run folder: {run}" in out and "greedy reward" in out
+    assert {p.name for p in run.iterdir()} >= {
+        "config.json",
+        "metrics.jsonl",
+        "reward.png",
+        "checkpoints",
+    }
+    assert cli.main(["train", "--resume", "--out", str(run), "--steps", "3", "--quiet"]) == 0
+    assert "greedy reward" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert json.loads((run / "config.json").read_text())["model"] == "tiny"
+    assert cli.main(["sample", "--run", str(run), "--n", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith(f"run {run}, step 3, task reverse")
+    assert len(lines) == 4 and all("reward" in line and ">" in line for line in lines[1:])
+
+
+def test_sample_needs_a_run_folder(capsys, tmp_path):
+    assert cli.main(["sample", "--run", str(tmp_path)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+
+
+def test_the_installed_command_exits_non_zero_without_a_traceback():
+    dew = Path(sys.executable).with_name("dew")
+    done = subprocess.run(
+        [str(dew), "train", "--objective", "sft", "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--steps must be > 0" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,146 @@
+"""The policy model: log-prob alignment and masking, KV-cache decoding, GQA, packing, value head."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dew.checkpoint import flatten
+from dew.model import (
+    CONFIGS,
+    ModelConfig,
+    Policy,
+    build,
+    count_params,
+    log_probs,
+    log_probs_and_values,
+    token_log_probs,
+)
+
+TINY = CONFIGS["tiny"]
+
+
+def tokens_of(seed, shape=(3, 9)):
+    return jax.random.randint(jax.random.key(seed), shape, 0, TINY.vocab_size)
+
+
+def test_log_probs_are_next_token_log_softmax():
+    model = build(TINY, 0)
+    tokens = tokens_of(1)
+    mask = jnp.ones(tokens.shape, bool)
+    got = log_probs(model, tokens, mask)
+    logits = np.asarray(model(tokens), np.float64)
+    want = np.zeros(tokens.shape)
+    for b in range(tokens.shape[0]):
+        for t in range(1, tokens.shape[1]):
+            row = logits[b, t - 1]
+            want[b, t] = row[tokens[b, t]] - np.log(np.sum(np.exp(row - row.max()))) - row.max()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert got[:, 0].tolist() == [0.0] * 3
+
+
+def test_log_probs_are_zero_off_the_mask_even_with_nan_logits():
+    tokens = jnp.array([[1, 2, 3, 4]])
+    logits = jnp.zeros((1, 4, 5)).at[0, 1].set(jnp.nan)  # scores the token at position 2
+    mask = jnp.array([[False, True, False, True]])
+    out = token_log_probs(logits, tokens, mask)
+    assert out[0, 2] == 0.0 and jnp.isfinite(out).all()
+    grad = jax.grad(lambda x: token_log_probs(x, tokens, mask).sum())(jnp.zeros((1, 4, 5)))
+    assert jnp.isfinite(grad).all()
+
+
+def test_log_probs_reject_bad_shapes():
+    model = build(TINY, 0)
+    with pytest.raises(ValueError, match="tokens must be"):
+        log_probs(model, jnp.zeros((4,), jnp.int32), jnp.ones((4,), bool))
+    with pytest.raises(ValueError, match="mask must match"):
+        log_probs(model, jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 3), bool))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_cached_decoding_matches_the_full_pass(kv_heads):
+    config = dataclasses.replace(TINY, num_attention_heads=2, num_key_value_heads=kv_heads)
+    model = build(config, 0)
+    tokens = tokens_of(2)
+    full = model(tokens)
+    cache = model.init_cache(3, tokens.shape[1])
+    prefix, cache = model.decode(tokens[:, :4], jnp.int32(0), cache)
+    steps = [prefix]
+    for t in range(4, tokens.shape[1]):
+        logits, cache = model.decode(tokens[:, t : t + 1], jnp.int32(t), cache)
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_gqa_needs_heads_divisible_by_kv_heads():
+    with pytest.raises(ValueError, match="multiple of"):
+        ModelConfig(num_attention_heads=4, num_key_value_heads=3)
+
+
+def test_packed_segments_equal_separate_rows():
+    model = build(TINY, 0)
+    a, b = tokens_of(3, (1, 4)), tokens_of(4, (1, 5))
+    packed = jnp.concatenate([a, b], axis=1)
+    segments = jnp.array([[1] * 4 + [2] * 5])
+    mask = (
+        jnp.ones(packed.shape, bool).at[0, 4].set(False)
+    )  # a segment's first token has no context
+    got = log_probs(model, packed, mask, segments)
+    np.testing.assert_allclose(got[:, :4], log_probs(model, a, jnp.ones_like(a, bool)), atol=1e-5)
+    np.testing.assert_allclose(
+        got[:, 5:], log_probs(model, b, jnp.ones_like(b, bool))[:, 1:], atol=1e-5
+    )
+
+
+def test_values_are_aligned_with_log_probs():
+    model = build(dataclasses.replace(TINY, value_head=True), 0)
+    model.value_head.kernel[...] = jax.random.normal(
+        jax.random.key(0), model.value_head.kernel.shape
+    )
+    tokens = tokens_of(5)
+    mask = jnp.arange(tokens.shape[1])[None] >= 3
+    mask = jnp.broadcast_to(mask, tokens.shape)
+    lp, values = log_probs_and_values(model, tokens, mask)
+    np.testing.assert_allclose(lp, log_probs(model, tokens, mask), atol=1e-6)
+    predicted = model.values(model.hidden(tokens))
+    np.testing.assert_allclose(values[:, 3:], predicted[:, 2:-1], atol=1e-6)
+    assert (values[:, :3] == 0).all()
+    with pytest.raises(ValueError, match="no value head"):
+        log_probs_and_values(build(TINY, 0), tokens, mask)
+
+
+def test_parameter_names_follow_llama():
+    names = set(flatten(nnx.to_pure_dict(nnx.state(build(CONFIGS["default"], 0), nnx.Param))))
+    for name in [
+        "embed_tokens.embedding",
+        "layers.0.input_layernorm.weight",
+        "layers.0.self_attn.q_proj.kernel",
+        "layers.0.self_attn.k_proj.kernel",
+        "layers.0.self_attn.v_proj.kernel",
+        "layers.0.self_attn.o_proj.kernel",
+        "layers.0.post_attention_layernorm.weight",
+        "layers.0.mlp.gate_proj.kernel",
+        "layers.0.mlp.up_proj.kernel",
+        "layers.0.mlp.down_proj.kernel",
+        "norm.weight",
+        "lm_head.kernel",
+    ]:
+        assert name in names, name
+    tied = build(dataclasses.replace(TINY, tie_word_embeddings=True), 0)
+    assert tied.lm_head is None and tied(tokens_of(0)).shape == (3, 9, TINY.vocab_size)
+
+
+def test_the_default_model_has_about_100k_parameters():
+    assert 80_000 < count_params(build(CONFIGS["default"], 0)) < 130_000
+
+
+def test_same_seed_same_weights():
+    first, second = (nnx.state(build(TINY, 7)) for _ in range(2))
+    assert all(
+        jnp.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True)
+    )
+    assert isinstance(build(TINY, 7), Policy)

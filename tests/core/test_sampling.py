@@ -1,0 +1,119 @@
+"""The sampler: behaviour log-probs, EOS stops, masks, top-p, greedy, cache-free parity."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dew.model import CONFIGS, build, log_probs
+from dew.rollout import pad_prompts
+from dew.sampling import sample, sampling_log_probs
+
+EOS, PAD = 2, 0
+MODEL = build(CONFIGS["tiny"], 0)
+
+
+def prompts_and_lengths(seed=0, rows=64, width=6):
+    rng = np.random.default_rng(seed)
+    prompts = [
+        [1, *rng.integers(5, 15, size=rng.integers(1, width - 1)).tolist(), 3] for _ in range(rows)
+    ]
+    padded, lengths = pad_prompts(prompts, width, PAD)
+    return jnp.asarray(padded), jnp.asarray(lengths), prompts
+
+
+def draw(model=MODEL, **options):
+    padded, lengths, prompts = prompts_and_lengths()
+    settings = {"max_new_tokens": 7, "eos_id": EOS, "pad_id": PAD, **options}
+    return sample(model, padded, lengths, jax.random.key(1), **settings), prompts
+
+
+@pytest.fixture(scope="module")
+def eos_prone_model():
+    """The tiny model with EOS made likely, so rows stop at different places."""
+    model = build(CONFIGS["tiny"], 0)
+    model.lm_head.kernel[...] = model.lm_head.kernel[...].at[:, EOS].add(0.0)
+    bias = jnp.zeros_like(model.lm_head.kernel[...]).at[:, EOS].set(0.3)
+    model.lm_head.kernel[...] = model.lm_head.kernel[...] + bias
+    return model
+
+
+def test_behavior_log_probs_equal_the_models(eos_prone_model):
+    out, _ = draw(eos_prone_model)
+    recomputed = log_probs(eos_prone_model, out.tokens, out.completion_mask)
+    np.testing.assert_allclose(out.behavior_log_probs, recomputed, atol=1e-5)
+    assert (out.behavior_log_probs[out.completion_mask] < 0).all()
+
+
+def test_rows_stop_at_eos_and_masks_are_right(eos_prone_model):
+    out, prompts = draw(eos_prone_model)
+    tokens, completion = np.asarray(out.tokens), np.asarray(out.completion_mask)
+    stopped_early = 0
+    for row, prompt in enumerate(prompts):
+        start = len(prompt)
+        assert tokens[row, :start].tolist() == prompt
+        assert np.asarray(out.prompt_mask)[row].tolist() == [
+            t < start for t in range(tokens.shape[1])
+        ]
+        drawn = tokens[row, start:].tolist()
+        length = drawn.index(EOS) + 1 if EOS in drawn[:7] else 7
+        stopped_early += length < 7
+        assert completion[row].tolist() == [
+            start <= t < start + length for t in range(tokens.shape[1])
+        ]
+        assert EOS not in drawn[: length - 1]
+        assert all(t == PAD for t in drawn[length:])
+        assert (np.asarray(out.behavior_log_probs)[row][~completion[row]] == 0).all()
+    assert 0 < stopped_early < len(prompts)
+
+
+def test_no_kv_cache_draws_the_same_tokens(eos_prone_model):
+    cached, _ = draw(eos_prone_model)
+    full, _ = draw(eos_prone_model, kv_cache=False)
+    np.testing.assert_array_equal(cached.tokens, full.tokens)
+    np.testing.assert_array_equal(cached.completion_mask, full.completion_mask)
+    np.testing.assert_allclose(cached.behavior_log_probs, full.behavior_log_probs, atol=1e-5)
+
+
+def test_greedy_takes_the_argmax():
+    out, _ = draw(temperature=0.0)
+    logits = MODEL(out.tokens)
+    best = jnp.argmax(logits[:, :-1], axis=-1)
+    mask = out.completion_mask[:, 1:]
+    assert (jnp.where(mask, out.tokens[:, 1:] == best, True)).all()
+    assert (out.behavior_log_probs == 0).all()
+
+
+def test_top_p_keeps_the_nucleus_and_renormalises():
+    logits = jnp.log(jnp.array([[0.1, 0.5, 0.15, 0.25]]))
+    probs = jnp.exp(sampling_log_probs(logits, 1.0, 0.7))
+    np.testing.assert_allclose(probs, [[0, 0.5 / 0.75, 0, 0.25 / 0.75]], atol=1e-6)
+    np.testing.assert_allclose(
+        jnp.exp(sampling_log_probs(logits, 1.0, 1.0)), jnp.exp(logits), atol=1e-6
+    )
+    hot = jnp.exp(sampling_log_probs(logits, 2.0, 1.0))
+    np.testing.assert_allclose(hot.sum(), 1.0, atol=1e-6)
+    assert hot[0, 0] > 0.1  # a higher temperature flattens
+
+
+def test_top_p_sampling_records_the_renormalised_log_probs():
+    out, _ = draw(top_p=0.5, temperature=0.8)
+    logits = MODEL(out.tokens)[:, :-1]
+    nucleus = sampling_log_probs(logits, 0.8, 0.5)
+    picked = jnp.take_along_axis(nucleus, out.tokens[:, 1:, None], axis=-1)[..., 0]
+    mask = out.completion_mask[:, 1:]
+    np.testing.assert_allclose(
+        jnp.where(mask, picked, 0.0), out.behavior_log_probs[:, 1:], atol=1e-5
+    )
+    assert jnp.isfinite(jnp.where(mask, picked, 0.0)).all()  # never a token outside the nucleus
+
+
+def test_same_key_same_samples_and_bad_options_raise():
+    first, _ = draw()
+    second, _ = draw()
+    np.testing.assert_array_equal(first.tokens, second.tokens)
+    padded, lengths, _ = prompts_and_lengths()
+    with pytest.raises(ValueError, match="top_p"):
+        sample(MODEL, padded, lengths, jax.random.key(0), max_new_tokens=3, eos_id=EOS, top_p=0.0)
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        sample(MODEL, padded, lengths[:3], jax.random.key(0), max_new_tokens=3, eos_id=EOS)

@@ -1,0 +1,61 @@
+"""Data parallelism and FSDP on 8 simulated CPU devices give the single-device step."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = r"""
+import importlib.util, json, sys
+import jax, numpy as np
+spec = importlib.util.spec_from_file_location("core_conftest", sys.argv[1])
+conftest = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(conftest)
+from dew.trainer import TrainConfig, train
+
+assert len(jax.devices()) == 8, jax.devices()
+runs = {}
+for name, devices, fsdp in [("one", 1, False), ("data", 8, False), ("fsdp", 8, True)]:
+    config = TrainConfig(model="tiny", prompts=8, group=4, steps=1, lr=1e-2, devices=devices,
+                         fsdp=fsdp, micro_batches=2, out=f"{sys.argv[2]}/{name}")
+    result = train(config, objective=conftest.Reinforce(), quiet=True)
+    leaves = jax.tree.leaves(result.params)
+    runs[name] = {
+        "loss": result.history[0]["loss"],
+        "reward": result.history[0]["reward"],
+        "params": [np.asarray(x).ravel().tolist() for x in leaves],
+        "specs": sorted({str(x.sharding.spec) for x in leaves}),
+        "devices": sorted({len(x.sharding.device_set) for x in leaves}),
+    }
+print(json.dumps(runs))
+"""
+
+
+def test_one_step_on_eight_devices_matches_one_device(tmp_path):
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+    }
+    conftest = Path(__file__).with_name("conftest.py")
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(conftest), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    one = runs["one"]
+    for name in ("data", "fsdp"):
+        run = runs[name]
+        assert run["reward"] == one["reward"], name  # the same samples
+        assert abs(run["loss"] - one["loss"]) < 1e-5, name
+        for a, b in zip(run["params"], one["params"], strict=True):
+            assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5, name
+        assert run["devices"] == [8]
+    assert runs["data"]["specs"] == ["P()"]
+    assert any("'data'" in spec for spec in runs["fsdp"]["specs"])

@@ -1,0 +1,111 @@
+"""The jitted update: exact micro-batch combination, group-aligned splits, rollout-time fields."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dew.batch import Batch
+from dew.model import CONFIGS, build, log_probs
+from dew.objectives.sft import SFT
+from dew.rollout import rollout
+from dew.tasks import get_task
+from dew.update import (
+    combined_gradient,
+    make_update,
+    optimizer,
+    rollout_fields,
+    split_micro_batches,
+)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    task = get_task("reverse")
+    config = dataclasses.replace(CONFIGS["tiny"], vocab_size=task.tokenizer.vocab_size)
+    graphdef, params = nnx.split(build(config, 0))
+    params = nnx.to_pure_dict(params)
+    prompts = task.prompts(np.random.default_rng(0), 8)
+    batch = rollout(graphdef, params, task, prompts, 4, jax.random.key(0)).batch
+    return graphdef, params, batch
+
+
+def run_update(graphdef, params, batch, objective, micro_batches, updates=2):
+    tx = optimizer(1e-3)
+    update = make_update(graphdef, objective, tx, updates=updates, micro_batches=micro_batches)
+    params = jax.tree.map(jnp.array, params)  # a fresh copy: the update donates its inputs
+    return update(params, tx.init(params), None, batch)
+
+
+@pytest.mark.parametrize("objective", ["sft", "reinforce"])
+def test_micro_batches_combine_into_the_whole_batch_gradient(setup, objective, reinforce):
+    graphdef, params, batch = setup
+    chosen = SFT() if objective == "sft" else reinforce
+    filled = chosen.prepare(rollout_fields(graphdef, params, None, batch, chosen))
+    gradient = jax.jit(lambda micro: combined_gradient(graphdef, chosen, params, micro))
+    whole, whole_metrics = gradient(split_micro_batches(filled, 1))
+    for count in (2, 4):
+        parts, metrics = gradient(split_micro_batches(filled, count))
+        for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(metrics["loss"], whole_metrics["loss"], atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["sft", "reinforce"])
+def test_one_and_two_micro_batches_give_the_same_params(setup, objective, reinforce):
+    graphdef, params, batch = setup
+    chosen = SFT() if objective == "sft" else reinforce
+    whole, _, m1 = run_update(graphdef, params, batch, chosen, 1)
+    split, _, m2 = run_update(graphdef, params, batch, chosen, 2)
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-5, atol=1e-6)
+    assert bool(m1["finite"])
+
+
+def test_a_mean_of_means_would_differ(setup):
+    """The exact combination matters here: the micro-batches hold different token counts."""
+    graphdef, params, batch = setup
+    model = nnx.merge(graphdef, params)
+    micro = split_micro_batches(batch, 2)
+    halves = [jax.tree.map(lambda x, k=k: x[k], micro) for k in range(2)]
+    losses = [SFT().loss(model, half)[0] for half in halves]
+    weights = [SFT().loss_weight(half) for half in halves]
+    exact = sum(w * x for w, x in zip(weights, losses, strict=True)) / sum(weights)
+    assert weights[0] != weights[1]
+    np.testing.assert_allclose(exact, SFT().loss(model, batch)[0], rtol=1e-6)
+    assert abs(float(sum(losses) / 2 - exact)) > 1e-6
+
+
+def test_micro_batches_hold_whole_groups():
+    rows = jnp.arange(12)
+    batch = Batch(*(rows[:, None],) * 4, rewards=rows.astype(jnp.float32), group=3)
+    micro = split_micro_batches(batch, 2)
+    assert micro.rewards.tolist() == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+    assert micro.tokens.shape == (2, 6, 1)
+    with pytest.raises(ValueError, match="do not split"):
+        split_micro_batches(batch, 3)
+
+
+def test_rollout_fields_are_the_current_policys(setup):
+    graphdef, params, batch = setup
+    filled = rollout_fields(graphdef, params, params, batch, SFT())
+    expected = log_probs(nnx.merge(graphdef, params), batch.tokens, batch.completion_mask)
+    np.testing.assert_allclose(filled.old_log_probs, expected, atol=1e-6)
+    assert filled.ref_log_probs is None and filled.values is None
+    np.testing.assert_allclose(filled.old_log_probs, batch.behavior_log_probs, atol=1e-5)
+
+
+def test_a_nan_loss_is_reported_not_hidden(setup):
+    graphdef, params, batch = setup
+
+    class Broken(SFT):
+        def loss(self, model, batch):
+            loss, metrics = super().loss(model, batch)
+            return loss * jnp.nan, metrics
+
+    _, _, metrics = run_update(graphdef, params, batch, Broken(), 1, updates=1)
+    assert not bool(metrics["finite"])
