@@ -32,6 +32,10 @@ class Objective(Protocol):
         policy.
       needs_values: the policy carries a value head and the trainer fills `batch.values` with its
         predictions at rollout time.
+
+    Optional attributes the trainer reads when present: `dynamic_sampling` (true: drop the groups
+    whose rewards are all equal and refill the batch from fresh rollouts, DAPO's dynamic
+    sampling) and `max_refills` (how many extra rollouts a step may draw for it).
     """
 
     data: Data

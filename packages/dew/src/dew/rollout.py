@@ -24,10 +24,12 @@ __all__ = [
     "Rollout",
     "corrupt",
     "demonstrations",
+    "informative_groups",
     "pad_prompts",
     "preferences",
     "rollout",
     "score",
+    "take_groups",
 ]
 
 
@@ -159,6 +161,43 @@ def rollout(
         group=group,
     )
     return Rollout(batch, tokens, prompt_mask, completion_mask, behavior, rewards, sample_s)
+
+
+def informative_groups(rewards: np.ndarray, group: int) -> np.ndarray:
+    """`[B / group]` bool: the groups whose rewards are not all equal.
+
+    A group of equal rewards has zero group-relative advantage and carries no gradient; DAPO's
+    dynamic sampling drops it.
+
+    >>> informative_groups(np.array([1.0, 1.0, 0.0, 1.0]), 2)
+    array([False,  True])
+    """
+    grouped = np.asarray(rewards).reshape(-1, group)
+    return grouped.max(axis=1) > grouped.min(axis=1)
+
+
+def take_groups(
+    parts: Sequence[Rollout], picks: Sequence[tuple[int, int]], group: int, sharding=None
+) -> Batch:
+    """A `Batch` of the groups `picks` names, as `(rollout index, group index)`, in that order.
+
+    Built from the rollouts' host copies, so the batch has the shapes of one rollout of
+    `len(picks)` prompts and the update compiled for it is reused.
+    """
+
+    def rows(name):
+        return np.concatenate(
+            [getattr(parts[p], name)[g * group : (g + 1) * group] for p, g in picks]
+        )
+
+    names = ("tokens", "prompt_mask", "completion_mask", "behavior_log_probs", "rewards")
+    arrays = tuple(rows(name) for name in names)
+    arrays = (
+        jax.device_put(arrays, sharding)
+        if sharding is not None
+        else jax.tree.map(jnp.asarray, arrays)
+    )
+    return Batch(*arrays, group=group)
 
 
 def _rows(task: Task, prompts, completions, group: int, sharding, rewards=None) -> Batch:

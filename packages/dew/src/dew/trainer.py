@@ -20,6 +20,7 @@ from flax import nnx
 from rich.console import Console
 
 from dew import rollout as rollouts
+from dew.batch import Batch
 from dew.checkpoint import Checkpoints
 from dew.config import ConfigError, TrainConfig, model_config, resolve, validate
 from dew.model import build
@@ -35,12 +36,14 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainingError",
+    "dynamic_batch",
     "evaluate",
     "step_prompts",
     "train",
 ]
 
 EVAL_STREAM = 0x5EED  # the prompt stream of the final greedy evaluation, apart from every step's
+REFILL_STREAM = 0xF111  # the prompt streams of dynamic sampling's extra rollouts
 
 
 class TrainingError(RuntimeError):
@@ -113,6 +116,48 @@ def _compiled_update(graphdef, objective, tx, config: TrainConfig, mesh, out_sha
 def step_prompts(task: Task, seed: int, step: int, n: int) -> list[list[int]]:
     """The prompts of step `step`, from `default_rng([seed, step])`."""
     return task.prompts(np.random.default_rng([seed, step]), n)
+
+
+def dynamic_batch(
+    graphdef, params, task: Task, config: TrainConfig, objective, step: int, key, first, sharding
+) -> tuple[Batch, dict[str, float]]:
+    """DAPO's dynamic sampling: `first`'s informative groups, refilled from fresh rollouts.
+
+    Groups whose rewards are all equal carry no gradient and are dropped; up to
+    `objective.max_refills` extra rollouts of `config.prompts` fresh prompts (their own prompt
+    stream and sampling key, so a resumed run replays them) supply informative groups until the
+    batch holds `config.prompts` of them. If it still falls short, dropped groups fill the rest,
+    so the batch keeps its shape and the update is not recompiled. Returns the batch and the
+    metrics `informative_groups` (the fraction of the batch's groups that are) and `refills`.
+    """
+    group, wanted = config.group, config.prompts
+    parts = [first]
+    picks = [(0, int(g)) for g in np.flatnonzero(rollouts.informative_groups(first.rewards, group))]
+    refills = 0
+    while len(picks) < wanted and refills < getattr(objective, "max_refills", 0):
+        refills += 1
+        rng = np.random.default_rng([config.seed, step, REFILL_STREAM, refills])
+        part = rollouts.rollout(
+            graphdef,
+            params,
+            task,
+            task.prompts(rng, wanted),
+            group,
+            jax.random.fold_in(key, refills),
+            temperature=config.temperature,
+            top_p=config.top_p,
+            kv_cache=config.kv_cache,
+            sharding=sharding,
+        )
+        parts.append(part)
+        informative = rollouts.informative_groups(part.rewards, group)
+        picks += [(refills, int(g)) for g in np.flatnonzero(informative)]
+    found = min(len(picks), wanted)
+    for index, part in enumerate(parts):
+        dropped = np.flatnonzero(~rollouts.informative_groups(part.rewards, group))
+        picks += [(index, int(g)) for g in dropped]
+    batch = rollouts.take_groups(parts, picks[:wanted], group, sharding)
+    return batch, {"informative_groups": found / wanted, "refills": float(refills)}
 
 
 def train(
@@ -204,14 +249,19 @@ def train(
                 kv_cache=config.kv_cache,
                 sharding=rows_sharding,
             )
-            rollout_s = time.perf_counter() - began
-            if objective.data == "samples":
+            extra = {}
+            if objective.data == "samples" and getattr(objective, "dynamic_sampling", False):
+                batch, extra = dynamic_batch(
+                    graphdef, params, task, config, objective, step, key, sampled, rows_sharding
+                )
+            elif objective.data == "samples":
                 batch = sampled.batch
             elif objective.data == "demonstrations":
                 batch = rollouts.demonstrations(task, prompts, rows_sharding)
             else:
                 rng = np.random.default_rng([config.seed, step, 1])
                 batch = rollouts.preferences(task, prompts, rng, rows_sharding)
+            rollout_s = time.perf_counter() - began
             params, opt_state, metrics = update(params, opt_state, ref_params, batch)
             metrics = {k: v.item() for k, v in to_host(metrics).items()}
             finished = time.perf_counter()
@@ -222,6 +272,7 @@ def train(
                 "completion_tokens": float(sampled.completion_mask.sum(1).mean()),
                 "sampled_nll": float(-sampled.behavior_log_probs[sampled.completion_mask].mean()),
                 **{k: v for k, v in metrics.items() if k != "finite"},
+                **extra,
                 "time": finished - started,
                 "rollout_s": rollout_s,
                 "update_s": finished - began - rollout_s,
