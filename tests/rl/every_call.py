@@ -197,6 +197,17 @@ CALLS = {
         "loss": _dpo_loss(d, d["policy_chosen"], d["policy_rejected"])
     },
     "clipped_surrogate_terms": lambda d: _surrogate_terms(d),
+    "preference_margins": lambda d: {
+        "out": rl.preference_margins(
+            d["policy_chosen"],
+            d["policy_rejected"],
+            d["ref_chosen"],
+            d["ref_rejected"],
+            d["mask"],
+            d["mask_rejected"],
+            beta=0.1,
+        )
+    },
     "constant_length_mean": lambda d: {"out": rl.constant_length_mean(d["x"], d["mask"])},
     "terminal_rewards": lambda d: {"out": rl.terminal_rewards(d["rewards"], d["mask"])},
     "overlong_penalty": lambda d: {"out": rl.overlong_penalty(d["mask"], max_length=6, buffer=2)},

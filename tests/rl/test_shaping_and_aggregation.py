@@ -1,9 +1,9 @@
 """The dew.rl pieces the objectives needed beyond the reference page.
 
 `clipped_surrogate_terms` (the per-token terms before any reduction), `constant_length_mean`
-(Dr.GRPO's aggregation), `terminal_rewards` (PPO's outcome reward layout) and `overlong_penalty`
-(DAPO's reward shaping): fixed arrays with hand-computed answers, the references' formulas,
-NaN safety and the argument checks.
+(Dr.GRPO's aggregation), `terminal_rewards` (PPO's outcome reward layout), `overlong_penalty`
+(DAPO's reward shaping) and `preference_margins` (DPO's implicit reward margins): fixed arrays
+with hand-computed answers, the references' formulas, NaN safety and the argument checks.
 """
 
 import jax
@@ -18,6 +18,8 @@ from dew.rl import (
     clipped_surrogate_terms,
     constant_length_mean,
     overlong_penalty,
+    preference_logsigmoid,
+    preference_margins,
     terminal_rewards,
     token_mean,
 )
@@ -143,3 +145,32 @@ def test_overlong_penalty_checks_its_arguments():
         overlong_penalty(mask, max_length=4, buffer=4)
     with pytest.raises(ValueError, match=r"overlong_penalty: mask must be \[B, T\]"):
         overlong_penalty(jnp.ones(4, bool), max_length=4, buffer=1)
+
+
+def test_preference_margins_by_hand_and_against_the_loss():
+    chosen = jnp.array([[-1.0, -2.0, jnp.nan], [-0.5, -0.5, -0.5]])
+    rejected = jnp.array([[-3.0, -1.0], [-1.0, -4.0]])
+    mask_c = jnp.array([[True, True, False], [True, True, True]])
+    mask_r = jnp.array([[True, True], [True, False]])
+    ref_c, ref_r = jnp.zeros_like(chosen), jnp.full_like(rejected, -1.0)
+    # S_pc = -3, -1.5; S_rc = 0, 0; S_pr = -4, -1; S_rr = -2, -1.
+    margins = preference_margins(chosen, rejected, ref_c, ref_r, mask_c, mask_r, beta=0.5)
+    np.testing.assert_allclose(margins, [0.5 * (-3 + 2), 0.5 * (-1.5 - 0)], rtol=1e-6)
+    loss = preference_logsigmoid(chosen, rejected, ref_c, ref_r, mask_c, mask_r, beta=0.5)
+    np.testing.assert_allclose(loss, jnp.mean(-jax.nn.log_sigmoid(margins)), rtol=1e-6)
+
+
+def test_preference_margins_are_exactly_zero_when_policy_is_reference():
+    lp = jax.random.normal(jax.random.key(0), (4, 5))
+    mask = jnp.arange(5)[None, :] < jnp.array([[1], [3], [5], [2]])
+    margins = preference_margins(lp, lp[::-1], lp, lp[::-1], mask, mask[::-1], beta=0.1)
+    np.testing.assert_array_equal(margins, jnp.zeros(4))
+
+
+def test_preference_margins_check_their_arguments():
+    ok, mask = jnp.zeros((2, 3)), jnp.ones((2, 3), bool)
+    with pytest.raises(ValueError, match=r"preference_margins: ref_chosen has shape \(2, 4\)"):
+        preference_margins(ok, ok, jnp.zeros((2, 4)), ok, mask, mask, beta=0.1)
+    with pytest.raises(ValueError, match="same number of pairs"):
+        preference_margins(ok, jnp.zeros((3, 3)), ok, jnp.zeros((3, 3)), mask,
+                           jnp.ones((3, 3), bool), beta=0.1)  # fmt: skip

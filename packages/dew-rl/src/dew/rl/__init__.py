@@ -33,6 +33,7 @@ from dew.rl.surrogate import clipped_surrogate_terms as clipped_surrogate_terms
 from dew.rl.surrogate import clipped_value_loss_terms as clipped_value_loss_terms
 from dew.rl.surrogate import k3_kl as k3_kl
 from dew.rl.surrogate import preference_logsigmoid as preference_logsigmoid
+from dew.rl.surrogate import preference_margins as preference_margins
 
 __all__ = [
     "GROUP_EPS",
@@ -48,6 +49,7 @@ __all__ = [
     "masked_whiten",
     "overlong_penalty",
     "preference_logsigmoid",
+    "preference_margins",
     "rloo_advantage",
     "segment_mean",
     "sequence_log_ratio",

@@ -211,6 +211,86 @@ def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
     return clip(jnp.exp(d) - d - 1, -KL_ESTIMATE_BOUND, KL_ESTIMATE_BOUND)
 
 
+def _margins(
+    name, policy_chosen, policy_rejected, ref_chosen, ref_rejected, mask_chosen, mask_rejected, beta
+) -> jax.Array:
+    """`preference_margins`, its argument errors naming the public function `name`."""
+    check_rank(name, "policy_chosen", policy_chosen, 2, "[P, T]")
+    check_rank(name, "policy_rejected", policy_rejected, 2, "[P, T]")
+    check_same_shape(name, "ref_chosen", ref_chosen, "policy_chosen", policy_chosen)
+    check_same_shape(name, "mask_chosen", mask_chosen, "policy_chosen", policy_chosen)
+    check_same_shape(name, "ref_rejected", ref_rejected, "policy_rejected", policy_rejected)
+    check_same_shape(name, "mask_rejected", mask_rejected, "policy_rejected", policy_rejected)
+    if jnp.shape(policy_chosen)[0] != jnp.shape(policy_rejected)[0]:
+        raise ValueError(
+            f"{name}: policy_chosen has shape {jnp.shape(policy_chosen)} but policy_rejected has "
+            f"shape {jnp.shape(policy_rejected)}; they must hold the same number of pairs"
+        )
+    arrays = as_float(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
+    chosen = jnp.asarray(mask_chosen).astype(bool)
+    rejected = jnp.asarray(mask_rejected).astype(bool)
+    masks = (chosen, rejected, chosen, rejected)
+    policy_c, policy_r, ref_c, ref_r = (
+        jnp.sum(jnp.where(m, a, 0), axis=1) for a, m in zip(arrays, masks, strict=True)
+    )
+    return beta * ((policy_c - ref_c) - (policy_r - ref_r))
+
+
+def preference_margins(
+    policy_chosen: jax.Array,
+    policy_rejected: jax.Array,
+    ref_chosen: jax.Array,
+    ref_rejected: jax.Array,
+    mask_chosen: jax.Array,
+    mask_rejected: jax.Array,
+    beta: float,
+) -> jax.Array:
+    r"""`[P]` DPO's implicit reward margin of each chosen completion over its rejected one.
+
+    $$z = \beta\big[(S^\pi_w - S^{\text{ref}}_w) - (S^\pi_l - S^{\text{ref}}_l)\big],
+      \qquad S = \sum_t m_t \log\pi(y_t)$$
+
+    A sequence's log-probability `S` is the sum of its kept per-token log-probabilities (selected
+    with `jnp.where`); the chosen mask serves the policy and the reference alike, and so does the
+    rejected one. `z > 0` where the implicit reward `beta * log(pi / pi_ref)` prefers the chosen
+    completion: the fraction of such pairs is DPO's preference accuracy.
+    `preference_logsigmoid` is `mean(-log_sigmoid(z))`.
+
+    Reference: the `chosen_rewards - rejected_rewards` of Tunix 0.1.7
+    `tunix.sft.dpo.dpo_trainer.dpo_loss_fn` (arXiv:2305.18290).
+
+    Args:
+      policy_chosen: `[P, Tc]` per-token log-probabilities of the chosen completions under the
+        policy.
+      policy_rejected: `[P, Tr]` the same for the rejected completions.
+      ref_chosen: `[P, Tc]` the chosen completions under the frozen reference.
+      ref_rejected: `[P, Tr]` the rejected completions under the reference.
+      mask_chosen: `[P, Tc]` bool or 0/1, the chosen completions' tokens.
+      mask_rejected: `[P, Tr]` bool or 0/1, the rejected completions' tokens.
+      beta: inverse temperature of the implicit reward.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> mask = jnp.ones((2, 2), bool)
+      >>> policy_chosen = jnp.array([[-1.0, -1.0], [-3.0, -1.0]])
+      >>> margins = preference_margins(
+      ...     policy_chosen, jnp.full((2, 2), -2.0), jnp.full((2, 2), -2.0),
+      ...     jnp.full((2, 2), -2.0), mask, mask, beta=0.5)
+      >>> print(margins)
+      [1. 0.]
+    """
+    return _margins(
+        "preference_margins",
+        policy_chosen,
+        policy_rejected,
+        ref_chosen,
+        ref_rejected,
+        mask_chosen,
+        mask_rejected,
+        beta,
+    )
+
+
 def preference_logsigmoid(
     policy_chosen: jax.Array,
     policy_rejected: jax.Array,
@@ -227,10 +307,10 @@ def preference_logsigmoid(
 
     Each sequence's log-probability is the sum of its kept per-token log-probabilities,
     `S = sum_t where(mask, log_probs, 0)`; the chosen mask serves the policy and the reference
-    alike, and so does the rejected one. With
-    `z = beta * ((S_policy_chosen - S_ref_chosen) - (S_policy_rejected - S_ref_rejected))`, the loss
-    is `mean_pairs(-log_sigmoid(z))` (DPO, arXiv:2305.18290). `log_sigmoid` stays finite far in
-    both tails.
+    alike, and so does the rejected one. With `z = preference_margins(...)`, that is
+    `z = beta * ((S_policy_chosen - S_ref_chosen) - (S_policy_rejected - S_ref_rejected))`, the
+    loss is `mean_pairs(-log_sigmoid(z))` (DPO, arXiv:2305.18290). `log_sigmoid` stays finite far
+    in both tails.
 
     Reference: Tunix 0.1.7 `tunix.sft.dpo.dpo_trainer.dpo_loss_fn` with label smoothing 0; verl
     has no DPO.
@@ -255,24 +335,14 @@ def preference_logsigmoid(
       >>> print(f"{loss:.4f}")  # log 2
       0.6931
     """
-    name = "preference_logsigmoid"
-    check_rank(name, "policy_chosen", policy_chosen, 2, "[P, T]")
-    check_rank(name, "policy_rejected", policy_rejected, 2, "[P, T]")
-    check_same_shape(name, "ref_chosen", ref_chosen, "policy_chosen", policy_chosen)
-    check_same_shape(name, "mask_chosen", mask_chosen, "policy_chosen", policy_chosen)
-    check_same_shape(name, "ref_rejected", ref_rejected, "policy_rejected", policy_rejected)
-    check_same_shape(name, "mask_rejected", mask_rejected, "policy_rejected", policy_rejected)
-    if jnp.shape(policy_chosen)[0] != jnp.shape(policy_rejected)[0]:
-        raise ValueError(
-            f"{name}: policy_chosen has shape {jnp.shape(policy_chosen)} but policy_rejected has "
-            f"shape {jnp.shape(policy_rejected)}; they must hold the same number of pairs"
-        )
-    arrays = as_float(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
-    chosen = jnp.asarray(mask_chosen).astype(bool)
-    rejected = jnp.asarray(mask_rejected).astype(bool)
-    masks = (chosen, rejected, chosen, rejected)
-    policy_c, policy_r, ref_c, ref_r = (
-        jnp.sum(jnp.where(m, a, 0), axis=1) for a, m in zip(arrays, masks, strict=True)
+    margins = _margins(
+        "preference_logsigmoid",
+        policy_chosen,
+        policy_rejected,
+        ref_chosen,
+        ref_rejected,
+        mask_chosen,
+        mask_rejected,
+        beta,
     )
-    margin = beta * ((policy_c - ref_c) - (policy_r - ref_r))
-    return jnp.mean(-jax.nn.log_sigmoid(margin))
+    return jnp.mean(-jax.nn.log_sigmoid(margins))

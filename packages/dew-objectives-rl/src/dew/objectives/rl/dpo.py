@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from dew.batch import Batch
 from dew.model import log_probs
-from dew.rl import preference_logsigmoid
+from dew.rl import preference_logsigmoid, preference_margins
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,8 +22,7 @@ class DPO:
     tokens.
 
     Metrics: `accuracy`, the fraction of pairs whose implicit reward prefers the chosen
-    completion (`preference_logsigmoid` of that pair below `log 2`, i.e. a positive margin), and
-    `pairs`.
+    completion (a positive `preference_margins`), the mean `margin`, and `pairs`.
 
     Attributes:
       beta: the inverse temperature of the implicit reward (0.1, the paper's).
@@ -55,11 +54,10 @@ class DPO:
         pairs = (policy[0::2], policy[1::2], batch.ref_log_probs[0::2], batch.ref_log_probs[1::2])
         masks = (mask[0::2], mask[1::2])
         loss = preference_logsigmoid(*pairs, *masks, beta=self.beta)
-        per_pair = jax.vmap(
-            lambda *pair: preference_logsigmoid(*(x[None] for x in pair), beta=self.beta)
-        )(*pairs, *masks)
+        margins = preference_margins(*pairs, *masks, beta=self.beta)
         metrics = {
-            "accuracy": jnp.mean(per_pair < jnp.log(2.0)).astype(jnp.float32),
+            "accuracy": jnp.mean(margins > 0).astype(jnp.float32),
+            "margin": jnp.mean(margins),
             "pairs": jnp.asarray(batch.size // 2, jnp.float32),
         }
         return loss, metrics
