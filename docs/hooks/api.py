@@ -7,6 +7,7 @@ alphabetical order, each name linking to its entry, then one mkdocstrings block 
 cannot drift from the code, and a name added to `__all__` appears without touching the page.
 """
 
+import html
 import importlib
 import inspect
 import re
@@ -18,6 +19,15 @@ def summary(obj) -> str:
     """The first line of `obj`'s docstring: what it returns or what it is."""
     doc = (inspect.getdoc(obj) or "").strip()
     return doc.splitlines()[0] if doc else ""
+
+
+def table_cell(text: str) -> str:
+    """`text` safe inside a markdown table cell: code spans as HTML, so a `|` in them stays."""
+
+    def code(match: re.Match) -> str:
+        return "<code>" + html.escape(match[1]).replace("|", "&#124;") + "</code>"
+
+    return re.sub(r"`([^`]+)`", code, text).replace("|", "&#124;")
 
 
 def public_names(module_name: str) -> tuple[list[str], list[str]]:
@@ -35,7 +45,7 @@ def api_section(module_name: str, heading: int) -> str:
     callables, constants = public_names(module_name)
     lines = ["| Name | Summary |", "| --- | --- |"]
     for name in callables:
-        text = summary(getattr(module, name)).replace("|", "\\|")
+        text = table_cell(summary(getattr(module, name)))
         lines.append(f"| [`{name}`](#{module_name}.{name}) | {text} |")
     options = (
         f"    options:\n      heading_level: {heading}\n      show_root_heading: true\n"

@@ -8,6 +8,8 @@ import dataclasses
 
 import jax
 
+__all__ = ["Batch"]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

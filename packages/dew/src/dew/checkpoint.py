@@ -23,8 +23,9 @@ __all__ = [
 def path_key(path) -> str:
     """The dotted name of a pytree key path.
 
-    >>> path_key(jax.tree_util.tree_flatten_with_path({"a": [1, {"b": 2}]})[0][1][0])
-    'a.1.b'
+    Examples:
+      >>> path_key(jax.tree_util.tree_flatten_with_path({"a": [1, {"b": 2}]})[0][1][0])
+      'a.1.b'
     """
     parts = []
     for key in path:
@@ -38,12 +39,22 @@ def path_key(path) -> str:
 
 
 def flatten(tree) -> dict[str, Any]:
-    """`tree`'s leaves keyed by their dotted paths."""
+    """`tree`'s leaves keyed by their dotted paths.
+
+    Examples:
+      >>> flatten({"layers": [{"kernel": 1, "bias": 2}], "norm": 3})
+      {'layers.0.bias': 2, 'layers.0.kernel': 1, 'norm': 3}
+    """
     return {path_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def unflatten(template, flat: dict[str, Any]):
-    """`template`'s structure with its leaves taken from `flat` by dotted path."""
+    """`template`'s structure with its leaves taken from `flat` by dotted path.
+
+    Examples:
+      >>> unflatten({"a": [0, {"b": 0}]}, {"a.0": 1, "a.1.b": 2})
+      {'a': [1, {'b': 2}]}
+    """
     paths, treedef = jax.tree_util.tree_flatten_with_path(template)
     return jax.tree_util.tree_unflatten(treedef, [flat[path_key(path)] for path, _ in paths])
 

@@ -61,8 +61,9 @@ def field_parser(annotation) -> tuple[Any, bool]:
 
     `float | None` and the like accept `none`.
 
-    >>> field_parser(float | None)[0]("none") is None, field_parser(int)[0]("3")
-    (True, 3)
+    Examples:
+      >>> field_parser(float | None)[0]("none") is None, field_parser(int)[0]("3")
+      (True, 3)
     """
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -124,8 +125,9 @@ def add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]
 def task_option(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` as a (key, value) pair, the value read as a Python literal when it is one.
 
-    >>> task_option("max_len=6"), task_option("mode=fast")
-    (('max_len', 6), ('mode', 'fast'))
+    Examples:
+      >>> task_option("max_len=6"), task_option("mode=fast")
+      (('max_len', 6), ('mode', 'fast'))
     """
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
@@ -137,7 +139,18 @@ def task_option(text: str) -> tuple[str, Any]:
 
 
 def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParser:
-    """The parser of `dew train`, with the objective's flags when its class is known."""
+    """The parser of `dew train`, with the objective's flags when its class is known.
+
+    Examples:
+      >>> from dew.config import TrainConfig
+      >>> @dataclasses.dataclass(frozen=True)
+      ... class Clipped:
+      ...     epsilon: float = 0.2
+      ...     whiten: bool = True
+      >>> parser = train_parser(Clipped, TrainConfig())
+      >>> vars(parser.parse_args(["--epsilon", "0.1", "--no-whiten", "--steps", "5"]))
+      {'quiet': False, 'objective.epsilon': 0.1, 'objective.whiten': False, 'steps': 5}
+    """
     parser = argparse.ArgumentParser(
         prog="dew train",
         description="Train a policy on a task; writes config.json, metrics.jsonl, checkpoints/ "
@@ -197,7 +210,14 @@ def newest_run(root: Path = Path("runs")) -> Path:
 
 
 def parse_train(argv: list[str]):
-    """The `TrainConfig` and the `--quiet` flag of a `dew train` command line."""
+    """The `TrainConfig` and the `--quiet` flag of a `dew train` command line.
+
+    Examples:
+      >>> config, quiet = parse_train(
+      ...     ["--objective", "sft", "--steps", "3", "--task-option", "max_len=4", "--quiet"])
+      >>> config.objective, config.steps, config.task_options, config.prompts, quiet
+      ('sft', 3, {'max_len': 4}, 32, True)
+    """
     from dew.runlog import read_config
     from dew.trainer import TrainConfig
 
@@ -299,7 +319,15 @@ def command_sample(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level `dew` parser (its help lists the commands)."""
+    """The top-level `dew` parser (its help lists the commands).
+
+    Examples:
+      >>> parser = build_parser()
+      >>> parser.format_usage().strip()
+      'usage: dew [-h] COMMAND ...'
+      >>> parser.parse_args(["sample"]).command
+      'sample'
+    """
     parser = argparse.ArgumentParser(
         prog="dew",
         description="Dew: RL post-training of language models in JAX.",
@@ -317,7 +345,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `dew` entry point; the exit status (also raised as `SystemExit` from the script)."""
+    """The `dew` entry point; the exit status (also raised as `SystemExit` from the script).
+
+    Errors are printed to stderr as one line; the exit status is 2 for a usage error.
+
+    Examples:
+      >>> main(["--help"])  # doctest: +ELLIPSIS
+      usage: dew [-h] COMMAND ...
+      <BLANKLINE>
+      Dew: RL post-training of language models in JAX.
+      ...
+      0
+      >>> main(["train", "--objective", "sft", "--steps", "0"])  # stderr: --steps must be > 0
+      2
+      >>> import shutil, tempfile
+      >>> out = tempfile.mkdtemp()
+      >>> main(["train", "--objective", "sft", "--model", "tiny", "--steps", "1", "--prompts", "2",
+      ...       "--out", out, "--quiet"])  # doctest: +ELLIPSIS
+      run folder: ...
+      run folder: ...
+      final mean reward ..., greedy reward ... (step 1, ... s)
+      0
+      >>> main(["sample", "--run", out, "--n", "2"])  # doctest: +ELLIPSIS
+      run ..., step 1, task reverse
+      ...
+      0
+      >>> shutil.rmtree(out)
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("train", "sample"):
         parser = build_parser()

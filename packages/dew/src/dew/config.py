@@ -61,7 +61,17 @@ class TrainConfig:
 
 
 def resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, Task]:
-    """The objective and task a run uses: the instances given, else loaded by name."""
+    """The objective and task a run uses: the instances given, else loaded by name.
+
+    Examples:
+      >>> objective, task = resolve(TrainConfig(objective="sft", task="sort"))
+      >>> objective, task.name
+      (SFT(), 'sort')
+      >>> resolve(TrainConfig(objective="sft", task="nope"))  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.config.ConfigError: unknown task 'nope'; available: ...
+    """
     try:
         if objective is None:
             objective = load_objective(config.objective, config.objective_options)
@@ -73,14 +83,31 @@ def resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, 
 
 
 def batch_rows(config: TrainConfig, objective: Objective) -> int:
-    """The rows of one step's training batch: prompts x group, prompts, or prompts x 2."""
+    """The rows of one step's training batch: prompts x group, prompts, or prompts x 2.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> config = TrainConfig(prompts=4, group=8)
+      >>> [batch_rows(config, SimpleNamespace(data=data))
+      ...  for data in ("samples", "demonstrations", "preferences")]
+      [32, 4, 8]
+    """
     return {"samples": config.group, "demonstrations": 1, "preferences": 2}[
         objective.data
     ] * config.prompts
 
 
 def validate(config: TrainConfig, objective: Objective, device_count: int | None = None) -> None:
-    """Raise `ConfigError` on the first invalid option, naming it; builds nothing."""
+    """Raise `ConfigError` on the first invalid option, naming it; builds nothing.
+
+    Examples:
+      >>> from dew.objectives.sft import SFT
+      >>> validate(TrainConfig(objective="sft", prompts=4), SFT(), device_count=1)
+      >>> validate(TrainConfig(objective="sft", prompts=4, micro_batches=3), SFT())
+      Traceback (most recent call last):
+      ...
+      dew.config.ConfigError: --micro-batches (3) must divide --prompts (4)
+    """
     checks = [
         (config.steps > 0, f"--steps must be > 0, got {config.steps}"),
         (config.prompts > 0, f"--prompts must be > 0, got {config.prompts}"),
@@ -133,7 +160,14 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
 
 
 def model_config(config: TrainConfig, objective: Objective, task: Task) -> ModelConfig:
-    """`CONFIGS[config.model]` sized to the task's vocabulary, with a value head if needed."""
+    """`CONFIGS[config.model]` sized to the task's vocabulary, with a value head if needed.
+
+    Examples:
+      >>> from dew.objectives.sft import SFT
+      >>> architecture = model_config(TrainConfig(model="tiny"), SFT(), get_task("reverse"))
+      >>> architecture.vocab_size, architecture.hidden_size, architecture.value_head
+      (15, 32, False)
+    """
     return dataclasses.replace(
         CONFIGS[config.model],
         vocab_size=task.tokenizer.vocab_size,

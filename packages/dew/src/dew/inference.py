@@ -36,6 +36,18 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
     """The policy of `run_dir` at checkpoint `step` (default: the latest).
 
     `FileNotFoundError` when the folder is not a run or holds no checkpoint.
+
+    Examples:
+      >>> import shutil, tempfile
+      >>> from dew.config import TrainConfig
+      >>> from dew.trainer import train
+      >>> out = tempfile.mkdtemp()
+      >>> config = TrainConfig(objective="sft", model="tiny", steps=1, prompts=2, out=out)
+      >>> _ = train(config, quiet=True)
+      >>> run = load_run(out)
+      >>> run.step, run.task.name, run.config["objective"]
+      (1, 'reverse', 'sft')
+      >>> shutil.rmtree(out)
     """
     run_dir = Path(run_dir)
     config = read_config(run_dir)
@@ -58,6 +70,17 @@ def sample_run(
     """`n` fresh prompts with the policy's completions, as (prompt, completion, reward) tuples.
 
     Greedy at `temperature` 0.
+
+    Examples:
+      >>> from dew.model import CONFIGS
+      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))  # an untrained policy
+      >>> run = Run(graphdef, params, get_task("reverse"), config={}, step=0)
+      >>> samples = sample_run(run, 2)
+      >>> [run.task.tokenizer.decode(prompt) for prompt, _, _ in samples]
+      ['^503>', '^614>']
+      >>> all(reward == run.task.reward(prompt, completion)
+      ...     for prompt, completion, reward in samples)
+      True
     """
     prompts = run.task.prompts(np.random.default_rng([seed, 0xD15C]), n)
     sampled = rollouts.rollout(

@@ -14,6 +14,14 @@ import jax
 
 from dew.batch import Batch
 
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Objective",
+    "available_objectives",
+    "load_objective",
+    "objective_class",
+]
+
 ENTRY_POINT_GROUP = "dew.objectives"
 
 Data = Literal["samples", "demonstrations", "preferences"]
@@ -65,13 +73,28 @@ class Objective(Protocol):
 
 
 def available_objectives() -> dict[str, Any]:
-    """The registered objectives, name to entry point, sorted by name."""
+    """The registered objectives, name to entry point, sorted by name.
+
+    Examples:
+      >>> registered = available_objectives()
+      >>> "sft" in registered, registered["sft"].value
+      (True, 'dew.objectives.sft:SFT')
+    """
     found = entry_points(group=ENTRY_POINT_GROUP)
     return {point.name: point for point in sorted(found, key=lambda p: p.name)}
 
 
 def objective_class(name: str) -> type:
-    """The class registered as objective `name`, or `ValueError` listing the available ones."""
+    """The class registered as objective `name`, or `ValueError` listing the available ones.
+
+    Examples:
+      >>> objective_class("sft").__name__
+      'SFT'
+      >>> objective_class("nope")  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: unknown objective 'nope'; available: ...
+    """
     registered = available_objectives()
     if name not in registered:
         raise ValueError(
@@ -81,5 +104,11 @@ def objective_class(name: str) -> type:
 
 
 def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objective:
-    """Objective `name`, built with the hyperparameters in `options`."""
+    """Objective `name`, built with the hyperparameters in `options`.
+
+    Examples:
+      >>> objective = load_objective("sft")
+      >>> objective, objective.data
+      (SFT(), 'demonstrations')
+    """
     return objective_class(name)(**(options or {}))

@@ -13,6 +13,13 @@ def plot_run(history: Sequence[dict], path: str | Path, title: str = "") -> Path
 
     Rows lacking a key are skipped for that curve; the file is written with the Agg backend, so
     no display is needed (matplotlib is imported here, not at start-up).
+
+    Examples:
+      >>> import tempfile
+      >>> rows = [{"step": 1, "reward": 0.2, "loss": 1.5}, {"step": 2, "reward": 0.6, "loss": 0.9}]
+      >>> path = plot_run(rows, Path(tempfile.mkdtemp()) / "reward.png", "sft on reverse")
+      >>> path.name, path.read_bytes()[1:4]  # a PNG file's signature
+      ('reward.png', b'PNG')
     """
     import matplotlib
 

@@ -42,9 +42,10 @@ def pad_prompts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """`[N, width]` int32 prompts left-aligned and right-padded with `pad`, and `[N]` lengths.
 
-    >>> pad_prompts([[1, 2], [3]], 3, 0)
-    (array([[1, 2, 0],
-           [3, 0, 0]], dtype=int32), array([2, 1], dtype=int32))
+    Examples:
+      >>> pad_prompts([[1, 2], [3]], 3, 0)
+      (array([[1, 2, 0],
+             [3, 0, 0]], dtype=int32), array([2, 1], dtype=int32))
     """
     lengths = np.array([len(p) for p in prompts], np.int32)
     if len(prompts) and (lengths.max() > width or lengths.min() < 1):
@@ -69,6 +70,13 @@ def score(
 
     Raises `RewardError` naming the task and the decoded prompt and completion when the reward
     function raises or returns a value outside [0, 1] (or NaN).
+
+    Examples:
+      >>> from dew.tasks import TOKENIZER, get_task
+      >>> tokens = np.array([TOKENIZER.encode("^12>21$"), TOKENIZER.encode("^12>11$")])
+      >>> prompt_mask = np.tile(np.arange(7) < 4, (2, 1))
+      >>> score(get_task("reverse"), tokens, prompt_mask, ~prompt_mask)
+      array([1.    , 0.6667], dtype=float32)
     """
     rewards = np.zeros(len(tokens), np.float32)
     for row in range(len(tokens)):
@@ -127,6 +135,18 @@ def rollout(
     Prompt `g` fills rows `g * group ... (g + 1) * group - 1`. Prompts are padded to
     `task.max_prompt_len` so every call has the same shapes. The batch's arrays are placed with
     `sharding` (batch axis first) when given.
+
+    Examples:
+      >>> from dew.model import CONFIGS, build
+      >>> from dew.tasks import get_task
+      >>> task = get_task("reverse")
+      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> prompts = task.prompts(np.random.default_rng(0), 2)
+      >>> out = rollout(graphdef, params, task, prompts, 2, jax.random.key(0))
+      >>> out.batch.tokens.shape, out.batch.group, out.prompt_mask.sum(axis=1)
+      ((4, 9), 2, array([5, 5, 5, 5]))
+      >>> bool(((0 <= out.rewards) & (out.rewards <= 1)).all())
+      True
     """
     began = time.perf_counter()
     expanded = [prompt for prompt in prompts for _ in range(group)]
@@ -169,8 +189,11 @@ def informative_groups(rewards: np.ndarray, group: int) -> np.ndarray:
     A group of equal rewards has zero group-relative advantage and carries no gradient; DAPO's
     dynamic sampling drops it.
 
-    >>> informative_groups(np.array([1.0, 1.0, 0.0, 1.0]), 2)
-    array([False,  True])
+    Reference: DAPO's dynamic sampling, arXiv:2503.14476.
+
+    Examples:
+      >>> informative_groups(np.array([1.0, 1.0, 0.0, 1.0]), 2)
+      array([False,  True])
     """
     grouped = np.asarray(rewards).reshape(-1, group)
     return grouped.max(axis=1) > grouped.min(axis=1)
@@ -183,6 +206,21 @@ def take_groups(
 
     Built from the rollouts' host copies, so the batch has the shapes of one rollout of
     `len(picks)` prompts and the update compiled for it is reused.
+
+    Examples:
+      >>> from dew.model import CONFIGS, build
+      >>> from dew.tasks import get_task
+      >>> task = get_task("reverse")
+      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> prompts = task.prompts(np.random.default_rng(0), 2)
+      >>> parts = [rollout(graphdef, params, task, prompts, 2, jax.random.key(k)) for k in (0, 1)]
+      >>> batch = take_groups(parts, [(1, 0), (0, 1)], 2)
+      >>> batch.tokens.shape, batch.group
+      ((4, 9), 2)
+      >>> bool((batch.tokens[:2] == parts[1].tokens[:2]).all())
+      True
+      >>> bool((batch.tokens[2:] == parts[0].tokens[2:]).all())
+      True
     """
 
     def rows(name):
@@ -227,6 +265,14 @@ def demonstrations(task: Task, prompts: Sequence[Sequence[int]], sharding=None) 
     """One row per prompt: the prompt and the task's correct completion, `group = 1`.
 
     `behavior_log_probs` is 0: nothing was sampled.
+
+    Examples:
+      >>> from dew.tasks import TOKENIZER, get_task
+      >>> batch = demonstrations(get_task("reverse"), [TOKENIZER.encode("^123>")])
+      >>> TOKENIZER.decode(batch.tokens[0]), batch.group, batch.rewards
+      ('^123>321$', 1, Array([1.], dtype=float32))
+      >>> TOKENIZER.decode(batch.tokens[0][batch.completion_mask[0]])
+      '321$'
     """
     return _rows(task, prompts, [task.answer(p) for p in prompts], 1, sharding)
 
@@ -234,10 +280,11 @@ def demonstrations(task: Task, prompts: Sequence[Sequence[int]], sharding=None) 
 def corrupt(answer: Sequence[int], task: Task, rng: np.random.Generator) -> list[int]:
     """`answer` with one to all of its digits changed to a different digit (EOS kept).
 
-    >>> from dew.tasks import get_task, TOKENIZER
-    >>> wrong = corrupt(TOKENIZER.encode("123$"), get_task("reverse"), np.random.default_rng(0))
-    >>> wrong != TOKENIZER.encode("123$") and wrong[-1] == TOKENIZER.eos
-    True
+    Examples:
+      >>> from dew.tasks import get_task, TOKENIZER
+      >>> wrong = corrupt(TOKENIZER.encode("123$"), get_task("reverse"), np.random.default_rng(0))
+      >>> wrong != TOKENIZER.encode("123$") and wrong[-1] == TOKENIZER.eos
+      True
     """
     tok = task.tokenizer
     out = list(answer)
@@ -256,6 +303,13 @@ def preferences(
     """Pairs on adjacent rows, `group = 2`: the correct answer (even row), a corrupted one (odd).
 
     Rewards are 1 for the chosen row and 0 for the rejected one.
+
+    Examples:
+      >>> from dew.tasks import TOKENIZER, get_task
+      >>> prompts = [TOKENIZER.encode("^123>")]
+      >>> batch = preferences(get_task("reverse"), prompts, np.random.default_rng(0))
+      >>> [TOKENIZER.decode(row) for row in batch.tokens], batch.group, batch.rewards
+      (['^123>321$', '^123>432$'], 2, Array([1., 0.], dtype=float32))
     """
     rows, completions = [], []
     for prompt in prompts:

@@ -26,7 +26,19 @@ METRICS = "metrics.jsonl"
 
 
 def default_run_dir(root: str | Path = "runs") -> Path:
-    """`root/<YYYYmmdd-HHMMSS>`, with a `-N` suffix when that folder already exists."""
+    """`root/<YYYYmmdd-HHMMSS>`, with a `-N` suffix when that folder already exists.
+
+    Examples:
+      >>> import tempfile
+      >>> root = Path(tempfile.mkdtemp())
+      >>> first = default_run_dir(root)
+      >>> first.parent == root, len(first.name), first.name[8]
+      (True, 15, '-')
+      >>> first.mkdir()
+      >>> second = default_run_dir(root)  # `first.name + "-1"` within the same second
+      >>> second != first and not second.exists()
+      True
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S")
     candidate, n = Path(root) / stamp, 1
     while candidate.exists():
@@ -35,12 +47,35 @@ def default_run_dir(root: str | Path = "runs") -> Path:
 
 
 def write_config(run_dir: Path, config: dict[str, Any]) -> None:
-    """Write `config` to `run_dir/config.json`."""
+    """Write `config` to `run_dir/config.json`.
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> write_config(run_dir, {"task": "reverse", "steps": 2})
+      >>> print((run_dir / "config.json").read_text(), end="")
+      {
+        "steps": 2,
+        "task": "reverse"
+      }
+    """
     (run_dir / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
-    """The `config.json` of `run_dir`, or `FileNotFoundError` naming it."""
+    """The `config.json` of `run_dir`, or `FileNotFoundError` naming it.
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> write_config(run_dir, {"task": "reverse", "steps": 2})
+      >>> read_config(run_dir)
+      {'steps': 2, 'task': 'reverse'}
+      >>> read_config(tempfile.mkdtemp())  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      FileNotFoundError: ... is not a run folder: it has no config.json
+    """
     path = Path(run_dir) / CONFIG
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {CONFIG}")
@@ -48,7 +83,17 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of `run_dir/metrics.jsonl`, in order (empty when absent)."""
+    """The rows of `run_dir/metrics.jsonl`, in order (empty when absent).
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> read_metrics(run_dir)
+      []
+      >>> MetricsFile(run_dir).append({"step": 1, "reward": 0.5, "loss": float("nan")})
+      >>> read_metrics(run_dir)  # NaN was written as null
+      [{'step': 1, 'reward': 0.5, 'loss': None}]
+    """
     path = Path(run_dir) / METRICS
     if not path.exists():
         return []

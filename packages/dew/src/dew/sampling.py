@@ -45,14 +45,18 @@ class Samples:
 
 
 def sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
-    """Log-probs `[..., V]` of the distribution sampled from: softmax(logits / temperature),
-    restricted to the smallest top set holding `top_p` of the mass and renormalised.
+    """Log-probs `[..., V]` of the distribution sampled from, temperature and top-p applied.
 
-    Tokens outside the nucleus get -inf. Ties at the nucleus edge are all kept.
+    That is softmax(logits / temperature), restricted to the smallest top set holding `top_p` of
+    the mass and renormalised. Tokens outside the nucleus get -inf. Ties at the nucleus edge are
+    all kept.
 
-    >>> logits = jnp.log(jnp.array([0.5, 0.3, 0.2]))
-    >>> jnp.exp(sampling_log_probs(logits, 1.0, 0.7)).round(3)
-    Array([0.625, 0.375, 0.   ], dtype=float32)
+    Reference: nucleus (top-p) sampling, arXiv:1904.09751.
+
+    Examples:
+      >>> logits = jnp.log(jnp.array([0.5, 0.3, 0.2]))
+      >>> jnp.exp(sampling_log_probs(logits, 1.0, 0.7)).round(3)
+      Array([0.625, 0.375, 0.   ], dtype=float32)
     """
     scaled = logits.astype(jnp.float32) / temperature
     logp = jax.nn.log_softmax(scaled, axis=-1)
@@ -171,11 +175,14 @@ def sample(
       top_p: nucleus mass (1 keeps every token).
       kv_cache: reuse keys and values across steps (False recomputes the prefix each step).
 
-    >>> from dew.model import CONFIGS, build
-    >>> out = sample(build(CONFIGS["tiny"], 0), jnp.array([[1, 5, 3]]), jnp.array([3]),
-    ...              jax.random.key(0), max_new_tokens=4, eos_id=2)
-    >>> out.tokens.shape, bool(out.prompt_mask[0, :3].all())
-    ((1, 7), True)
+    Reference: nucleus (top-p) sampling, arXiv:1904.09751.
+
+    Examples:
+      >>> from dew.model import CONFIGS, build
+      >>> out = sample(build(CONFIGS["tiny"], 0), jnp.array([[1, 5, 3]]), jnp.array([3]),
+      ...              jax.random.key(0), max_new_tokens=4, eos_id=2)
+      >>> out.tokens.shape, bool(out.prompt_mask[0, :3].all())
+      ((1, 7), True)
     """
     if prompts.ndim != 2 or prompt_lengths.shape != prompts.shape[:1]:
         raise ValueError(

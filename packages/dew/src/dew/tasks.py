@@ -15,17 +15,18 @@ Adding a task: write a class with `name`, `tokenizer`, `max_prompt_len`, `max_ne
 `prompts`, `answer` and `reward`, and register a factory for it, here or through the entry-point
 group `dew.tasks` (then `dew train --task NAME` finds it):
 
->>> class Double(DigitTask):
-...     name = "double"
-...     def transform(self, digits):
-...         return [d for d in digits for _ in range(2)]
->>> register_task("double", lambda: Double(min_len=1, max_len=3))
->>> task = get_task("double")
->>> prompt = TOKENIZER.encode("^12>")
->>> TOKENIZER.decode(task.answer(prompt))
-'1122$'
->>> task.reward(prompt, TOKENIZER.encode("1122$")), task.reward(prompt, TOKENIZER.encode("11$"))
-(1.0, 0.4)
+Examples:
+  >>> class Double(DigitTask):
+  ...     name = "double"
+  ...     def transform(self, digits):
+  ...         return [d for d in digits for _ in range(2)]
+  >>> register_task("double", lambda: Double(min_len=1, max_len=3))
+  >>> task = get_task("double")
+  >>> prompt = TOKENIZER.encode("^12>")
+  >>> TOKENIZER.decode(task.answer(prompt))
+  '1122$'
+  >>> task.reward(prompt, TOKENIZER.encode("1122$")), task.reward(prompt, TOKENIZER.encode("11$"))
+  (1.0, 0.4)
 """
 
 from collections.abc import Callable, Sequence
@@ -56,10 +57,11 @@ ENTRY_POINT_GROUP = "dew.tasks"
 class Tokenizer:
     """One character per token: `_` PAD, `^` BOS, `$` EOS, `>` separator, `+`, digits `0`-`9`.
 
-    >>> TOKENIZER.encode("^12>")
-    [1, 6, 7, 3]
-    >>> TOKENIZER.decode([1, 6, 7, 3, 8, 2])
-    '^12>3$'
+    Examples:
+      >>> TOKENIZER.encode("^12>")
+      [1, 6, 7, 3]
+      >>> TOKENIZER.decode([1, 6, 7, 3, 8, 2])
+      '^12>3$'
     """
 
     def __init__(self, symbols: str = "_^$>+0123456789"):
@@ -134,10 +136,11 @@ def position_credit(answer: Sequence[int], completion: Sequence[int], eos: int) 
     positions it never reached, one that runs on is charged for every extra token. 1.0 exactly
     when the completion equals the answer (EOS included).
 
-    >>> position_credit([5, 6, 2], [5, 7, 2, 9], eos=2)
-    0.6666666666666666
-    >>> position_credit([5, 6, 2], [5, 2], eos=2), position_credit([5, 6, 2], [5, 6, 6, 6], eos=2)
-    (0.3333333333333333, 0.5)
+    Examples:
+      >>> position_credit([5, 6, 2], [5, 7, 2, 9], eos=2)
+      0.6666666666666666
+      >>> position_credit([5, 6, 2], [5, 2], eos=2), position_credit([5, 6, 2], [5, 6, 6, 6], eos=2)
+      (0.3333333333333333, 0.5)
     """
     completion = list(completion)
     if eos in completion:
@@ -262,12 +265,24 @@ _REGISTRY: dict[str, Callable[[], Task]] = {
 
 
 def register_task(name: str, factory: Callable[[], Task]) -> None:
-    """Make `factory()` available as task `name` (to `get_task` and `dew train --task`)."""
+    """Make `factory()` available as task `name` (to `get_task` and `dew train --task`).
+
+    Examples:
+      >>> register_task("reverse5", lambda: Reverse(min_len=5, max_len=5))
+      >>> task = get_task("reverse5")
+      >>> task.name, task.max_prompt_len, "reverse5" in available_tasks()
+      ('reverse', 7, True)
+    """
     _REGISTRY[name] = factory
 
 
 def available_tasks() -> list[str]:
-    """The task names `get_task` accepts, sorted: built-ins, registered and `dew.tasks` ones."""
+    """The task names `get_task` accepts, sorted: built-ins, registered and `dew.tasks` ones.
+
+    Examples:
+      >>> [name for name in available_tasks() if name in ("reverse", "sort", "copy", "add")]
+      ['add', 'copy', 'reverse', 'sort']
+    """
     found = [point.name for point in entry_points(group=ENTRY_POINT_GROUP)]
     return sorted({*found, *_REGISTRY})
 
@@ -277,8 +292,9 @@ def get_task(name: str, **options) -> Task:
 
     `ValueError` listing the available tasks when `name` is unknown, or naming the bad option.
 
-    >>> get_task("reverse", max_len=5).max_new_tokens
-    6
+    Examples:
+      >>> get_task("reverse", max_len=5).max_new_tokens
+      6
     """
     factory = _REGISTRY.get(name)
     if factory is None:

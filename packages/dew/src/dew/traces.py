@@ -12,9 +12,10 @@ TRACES: dict[str, int] = {}
 def count_trace(name: str) -> None:
     """Add one to `TRACES[name]`; called from inside a traced function, so once per trace.
 
-    >>> before = TRACES.get("example", 0)
-    >>> count_trace("example")
-    >>> TRACES["example"] - before
-    1
+    Examples:
+      >>> before = TRACES.get("example", 0)
+      >>> count_trace("example")
+      >>> TRACES["example"] - before
+      1
     """
     TRACES[name] = TRACES.get(name, 0) + 1

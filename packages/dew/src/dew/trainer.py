@@ -32,8 +32,6 @@ from dew.tasks import Task
 from dew.update import make_update, optimizer
 
 __all__ = [
-    "ConfigError",
-    "TrainConfig",
     "TrainResult",
     "TrainingError",
     "dynamic_batch",
@@ -114,7 +112,16 @@ def _compiled_update(graphdef, objective, tx, config: TrainConfig, mesh, out_sha
 
 
 def step_prompts(task: Task, seed: int, step: int, n: int) -> list[list[int]]:
-    """The prompts of step `step`, from `default_rng([seed, step])`."""
+    """The prompts of step `step`, from `default_rng([seed, step])`.
+
+    Examples:
+      >>> from dew.tasks import TOKENIZER, get_task
+      >>> task = get_task("reverse")
+      >>> [TOKENIZER.decode(prompt) for prompt in step_prompts(task, 0, 1, 2)]
+      ['^589>', '^538>']
+      >>> step_prompts(task, 0, 1, 2) == step_prompts(task, 0, 1, 2)
+      True
+    """
     return task.prompts(np.random.default_rng([seed, step]), n)
 
 
@@ -129,6 +136,25 @@ def dynamic_batch(
     batch holds `config.prompts` of them. If it still falls short, dropped groups fill the rest,
     so the batch keeps its shape and the update is not recompiled. Returns the batch and the
     metrics `informative_groups` (the fraction of the batch's groups that are) and `refills`.
+
+    Reference: DAPO's dynamic sampling, arXiv:2503.14476.
+
+    Examples:
+      >>> from types import SimpleNamespace
+      >>> from dew.model import CONFIGS, build
+      >>> from dew.tasks import get_task
+      >>> task, config = get_task("reverse"), TrainConfig(prompts=2, group=2)
+      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> key = jax.random.key(0)
+      >>> first = rollouts.rollout(graphdef, params, task, step_prompts(task, 0, 1, 2), 2, key)
+      >>> objective = SimpleNamespace(max_refills=2)
+      >>> batch, metrics = dynamic_batch(
+      ...     graphdef, params, task, config, objective, 1, key, first, None)
+      >>> batch.size == first.batch.size, sorted(metrics)
+      (True, ['informative_groups', 'refills'])
+      >>> kept = round(metrics["informative_groups"] * config.prompts)
+      >>> bool(rollouts.informative_groups(np.asarray(batch.rewards), 2)[:kept].all())
+      True
     """
     group, wanted = config.group, config.prompts
     parts = [first]
@@ -175,6 +201,17 @@ def train(
     `objective` and `task` may be instances (for ones not registered by name); otherwise
     `config.objective` and `config.task` name them. `on_start(run_dir)` runs once the run folder
     exists, `on_step(step, metrics)` after each step.
+
+    Examples:
+      >>> import shutil, tempfile
+      >>> out = tempfile.mkdtemp()
+      >>> config = TrainConfig(objective="sft", model="tiny", steps=2, prompts=2, out=out)
+      >>> result = train(config, quiet=True)
+      >>> [row["step"] for row in result.history], sorted(p.name for p in result.run_dir.iterdir())
+      ([1, 2], ['checkpoints', 'config.json', 'metrics.jsonl', 'reward.png'])
+      >>> 0.0 <= result.greedy_reward <= 1.0
+      True
+      >>> shutil.rmtree(out)
     """
     objective, task = resolve(config, objective, task)
     validate(config, objective)
@@ -312,7 +349,16 @@ def train(
 def evaluate(
     graphdef, params, task: Task, config: TrainConfig, sharding=None, n: int | None = None
 ) -> float:
-    """The mean reward of greedy completions of fresh prompts (a stream no step uses)."""
+    """The mean reward of greedy completions of fresh prompts (a stream no step uses).
+
+    Examples:
+      >>> from dew.model import CONFIGS, build
+      >>> from dew.tasks import get_task
+      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> reward = evaluate(graphdef, params, get_task("reverse"), TrainConfig(), n=4)
+      >>> 0.0 <= reward <= 1.0  # the untrained policy's greedy answers score next to nothing
+      True
+    """
     n = n or config.prompts * max(config.group, 1)
     prompts = task.prompts(np.random.default_rng([config.seed, EVAL_STREAM]), n)
     sampled = rollouts.rollout(

@@ -19,8 +19,9 @@ class SFT:
     so `loss_weight` is the completion-token count and micro-batches combine into the token mean
     of the whole batch.
 
-    >>> SFT().data, SFT().needs_reference, SFT().needs_values
-    ('demonstrations', False, False)
+    Examples:
+      >>> SFT().data, SFT().needs_reference, SFT().needs_values
+      ('demonstrations', False, False)
     """
 
     data = "demonstrations"
