@@ -63,7 +63,10 @@ def inputs(name: str, b: int, t: int, dtype, key) -> tuple[tuple, dict]:
     lengths = jax.random.randint(keys[5], (b, 1), t // 2, t + 1)
     mask = jnp.arange(t)[None, :] < lengths
     floats = [x.astype(dtype) for x in normal]
-    rewards = jax.random.uniform(keys[0], (b,), jnp.float32).astype(dtype)
+    # The group functions take one reward per completion: B x T of them, so they move as many
+    # bytes as the per-token functions and are not measured at the cost of launching a call.
+    completions = jax.random.uniform(keys[0], (b * t,), jnp.float32).astype(dtype)
+    rewards = completions[:b]
     lp, old, ref = (-jnp.abs(x) for x in floats[:3])
     table = {
         "behavior_importance_weights": ((lp, old, mask), {"cap": 2.0}),
@@ -72,7 +75,7 @@ def inputs(name: str, b: int, t: int, dtype, key) -> tuple[tuple, dict]:
         "clipped_value_loss_terms": ((floats[0], floats[1], floats[2]), {}),
         "constant_length_mean": ((floats[0], mask), {}),
         "gae": ((floats[0], floats[1], mask), {"gamma": 1.0, "lam": 0.95}),
-        "group_advantage": ((rewards,), {"group": 8}),
+        "group_advantage": ((completions,), {"group": 8}),
         "k3_kl": ((lp, ref), {}),
         "masked_mean": ((floats[0], mask), {}),
         "masked_whiten": ((floats[0], mask), {}),
@@ -81,7 +84,11 @@ def inputs(name: str, b: int, t: int, dtype, key) -> tuple[tuple, dict]:
             (lp[0::2], lp[1::2], ref[0::2], ref[1::2], mask[0::2], mask[1::2]),
             {"beta": 0.1},
         ),
-        "rloo_advantage": ((rewards,), {"group": 8}),
+        "preference_margins": (
+            (lp[0::2], lp[1::2], ref[0::2], ref[1::2], mask[0::2], mask[1::2]),
+            {"beta": 0.1},
+        ),
+        "rloo_advantage": ((completions,), {"group": 8}),
         "segment_mean": ((floats[0], mask), {}),
         "sequence_log_ratio": ((lp, old, mask), {}),
         "terminal_rewards": ((rewards, mask), {}),

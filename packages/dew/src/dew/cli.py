@@ -8,6 +8,8 @@ one-line message before anything is compiled.
 import argparse
 import ast
 import dataclasses
+import inspect
+import re
 import sys
 import types
 import typing
@@ -81,11 +83,54 @@ def field_parser(annotation) -> tuple[Any, bool]:
     return str, False
 
 
+def field_help(cls: type) -> dict[str, str]:
+    """Each field's description from the `Attributes:` sections of `cls` and its bases.
+
+    Google-style entries `name: text` (or `name, other: text`), continued on deeper-indented
+    lines; a subclass's own entry wins over its base's.
+
+    Examples:
+      >>> class Example:
+      ...     \"\"\"An objective.
+      ...
+      ...     Attributes:
+      ...       low, high: the clip range
+      ...         of the ratio.
+      ...       beta: the KL coefficient.
+      ...     \"\"\"
+      >>> field_help(Example)["high"], field_help(Example)["beta"]
+      ('the clip range of the ratio.', 'the KL coefficient.')
+    """
+    found: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        entries: dict[str, list[str]] = {}
+        current: list[str] = []
+        inside = False
+        for line in inspect.cleandoc(klass.__doc__ or "").splitlines():
+            if line.strip() == "Attributes:":
+                inside = True
+                continue
+            if inside and line and not line.startswith(" "):
+                break
+            if not inside or not line.strip():
+                continue
+            entry = re.match(r"^ {2}(\w+(?:, \w+)*): (.*)$", line)
+            if entry:
+                current = [entry[2]]
+                for name in entry[1].split(", "):
+                    entries[name] = current
+            elif current:
+                current.append(line.strip())
+        found.update({name: " ".join(text) for name, text in entries.items()})
+    return found
+
+
 def add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
     """Add one flag per dataclass field of objective class `cls`; the field names."""
     if not dataclasses.is_dataclass(cls):
         return []
     hints = typing.get_type_hints(cls)
+    described = field_help(cls)
     group = parser.add_argument_group(f"{cls.__name__} options")
     names = []
     for field in dataclasses.fields(cls):
@@ -101,7 +146,7 @@ def add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]
                 dest=f"objective.{field.name}",
                 default=argparse.SUPPRESS,
                 action=argparse.BooleanOptionalAction,
-                help=f"(default: {default})",
+                help=f"{described.get(field.name, '')} (default: {default})".lstrip(),
             )
         else:
             choices = (
@@ -116,7 +161,7 @@ def add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]
                 choices=choices,
                 default=argparse.SUPPRESS,
                 metavar=field.name.upper(),
-                help=f"(default: {default})",
+                help=f"{described.get(field.name, '')} (default: {default})".lstrip(),
             )
         names.append(field.name)
     return names
@@ -163,7 +208,9 @@ def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParse
             type=parse,
             default=argparse.SUPPRESS,
             metavar=name.upper(),
-            help=f"{text} (default: {getattr(defaults, name)})",
+            help=text
+            if getattr(defaults, name) is None
+            else f"{text} (default: {getattr(defaults, name)})",
         )
     parser.add_argument(
         "--resume",

@@ -1,0 +1,41 @@
+"""The benchmark scripts stay runnable: every dew.rl function has inputs there (no timing here).
+
+`benchmarks/` is run by hand and measures; this only checks, on tiny shapes, that each public
+`dew.rl` function is benchmarked and accepts what the script feeds it, and that the GAE forms
+it compares agree, so a new function or a changed signature cannot silently break the script.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dew.rl as rl
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_math.py"
+spec = importlib.util.spec_from_file_location("rl_math", SCRIPT)
+rl_math = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rl_math)
+
+CALLABLES = [name for name in rl.__all__ if callable(getattr(rl, name))]
+
+
+@pytest.mark.parametrize("name", CALLABLES)
+def test_every_public_function_is_benchmarked(name):
+    args, static = rl_math.inputs(name, 8, 16, jnp.float32, jax.random.key(0))
+    jax.block_until_ready(getattr(rl, name)(*args, **static))
+
+
+def test_the_gae_forms_agree_with_gae():
+    keys = jax.random.split(jax.random.key(0), 3)
+    rewards, values = (jax.random.normal(k, (4, 32)) for k in keys[:2])
+    mask = jnp.arange(32)[None, :] < jax.random.randint(keys[2], (4, 1), 16, 33)
+    expected, _ = rl.gae(rewards, values, mask, 1.0, 0.95)
+    for name, form in rl_math.GAE_FORMS.items():
+        advantages = rl.masked_whiten(form(rewards, values, mask, 1.0, 0.95), mask)
+        np.testing.assert_allclose(
+            np.where(mask, advantages, 0), np.where(mask, expected, 0), atol=1e-5, err_msg=name
+        )
