@@ -9,7 +9,9 @@ and without the sampler's KV cache. Prints a table and writes `benchmarks/result
 """
 
 import argparse
+import importlib.metadata
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -127,7 +129,8 @@ def main() -> None:
     machine = {
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "cpus": __import__("os").cpu_count(),
+        "cpus": os.cpu_count(),
+        "jax": importlib.metadata.version("jax"),
     }
     RESULTS.write_text(json.dumps({"machine": machine, "runs": results}, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(ROOT)}")

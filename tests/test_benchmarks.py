@@ -6,6 +6,7 @@ it compares agree, so a new function or a changed signature cannot silently brea
 """
 
 import importlib.util
+import json
 from pathlib import Path
 
 import jax
@@ -39,3 +40,17 @@ def test_the_gae_forms_agree_with_gae():
         np.testing.assert_allclose(
             np.where(mask, advantages, 0), np.where(mask, expected, 0), atol=1e-5, err_msg=name
         )
+
+
+def test_the_recorded_results_cover_every_function_at_every_size_and_dtype():
+    results = json.loads((SCRIPT.parent / "results" / "rl_math.json").read_text())
+    measured = {(row["function"], row["B"], row["T"], row["dtype"]) for row in results["functions"]}
+    sizes = {(64, 512), (256, 4096), (1024, 8192)}
+    expected = {
+        (name, b, t, dtype)
+        for name in CALLABLES
+        for b, t in sizes
+        for dtype in ("float32", "bfloat16")
+    }
+    assert expected <= measured, sorted(expected - measured)
+    assert {(row["B"], row["T"]) for row in results["gae_forms"]} == sizes

@@ -142,3 +142,15 @@ def test_the_site_fetches_nothing_from_the_network(site):
         assert "fonts.googleapis.com" not in text, page
         assert not re.search(r'<script[^>]+src="https?://', text), page
         assert not re.search(r'<link[^>]+href="https?://[^"]+\.css', text), page
+
+
+def test_the_benchmarks_page_shows_every_measured_function(site):
+    page = (site / "benchmarks/index.html").read_text()
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+    callables, _ = public_names("dew.rl")
+    for b, t in ((64, 512), (256, 4096), (1024, 8192)):
+        assert f"{b} x {t}" in text
+    for name in callables:
+        # one row per size, forward at least
+        assert text.count(f" {name} ") >= 3, name
+    assert "scan_transposed" in text and "time to mean reward 0.95" in text

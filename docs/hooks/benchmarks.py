@@ -1,0 +1,131 @@
+"""mkdocs hook: the benchmarks page's tables are rendered from `benchmarks/results/*.json`.
+
+A page writes `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->` or `<!-- bench: train -->`;
+the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
+was measured, not what someone typed. The prose around the tables quotes the same files.
+"""
+
+import json
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+MARKER = re.compile(r"<!-- bench: (?P<table>\w+)(?: (?P<b>\d+)x(?P<t>\d+))? -->")
+
+
+def load(name: str) -> dict:
+    """The JSON that `benchmarks/<name>.py` wrote."""
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def rl_math_table(b: int, t: int) -> str:
+    """One row per function and pass at B x T: ms and multiple of the floor, float32 and bf16.
+
+    The GB/s and the bytes behind each ratio are in the JSON and the script's printed table.
+    """
+    results = load("rl_math")
+    cells = {}
+    for row in results["functions"]:
+        if (row["B"], row["T"]) == (b, t):
+            cells[(row["function"], row["mode"], row["dtype"])] = row
+    keys = sorted({(function, mode) for function, mode, _ in cells})
+    rows = []
+    for function, mode in keys:
+        row = [f"`{function}`", mode.replace("_", " ")]
+        for dtype in ("float32", "bfloat16"):
+            measured = cells.get((function, mode, dtype))
+            row += [f"{measured['ms']:.3g}", f"{measured['x_floor']:.2f}"] if measured else ["", ""]
+        rows.append(row)
+    header = ["function", "pass", "float32 ms", "x floor", "bf16 ms", "x floor"]
+    return markdown_table(header, rows)
+
+
+def gae_forms_table() -> str:
+    """GAE's three forms at every size: ms, multiple of the floor and of the fastest, exactness."""
+    rows = [
+        [
+            f"{row['B']}x{row['T']}",
+            f"`{row['form']}`",
+            f"{row['ms']:.3g}",
+            f"{row['x_floor']:.2f}",
+            f"{row['x_fastest']:.2f}",
+            f"{row['max_abs_diff']:.1e}",
+        ]
+        for row in load("rl_math")["gae_forms"]
+    ]
+    header = ["BxT", "form", "ms", "x floor", "x fastest", "max abs diff"]
+    return markdown_table(header, rows)
+
+
+def train_table() -> str:
+    """The default `dew train` job, one column per configuration the script ran."""
+    runs = load("train")["runs"]
+    names = [
+        "KV cache " + ("off" if run["options"].get("kv_cache") is False else "on") for run in runs
+    ]
+
+    def reached(run, level):
+        hit = run[f"time_to_{level}"]
+        return f"{hit['seconds']:.1f} s (step {hit['step']})" if hit else "not reached"
+
+    measures = [
+        ("wall time, compile included", lambda r: f"{r['wall_s']:.1f} s"),
+        ("first step (compile)", lambda r: f"{r['first_step_s']:.1f} s"),
+        ("rollout per step", lambda r: f"{1e3 * r['rollout_s']:.0f} ms"),
+        ("update per step", lambda r: f"{1e3 * r['update_s']:.0f} ms"),
+        ("steps/s", lambda r: f"{r['steps_per_s']:.1f}"),
+        ("sampler tokens/s", lambda r: f"{r['sampler_tokens_per_s']:,.0f}"),
+        ("time to mean reward 0.9", lambda r: reached(r, "0.9")),
+        ("time to mean reward 0.95", lambda r: reached(r, "0.95")),
+        ("final mean reward", lambda r: f"{r['final_reward']:.3f}"),
+        ("greedy reward", lambda r: f"{r['greedy_reward']:.3f}"),
+        ("peak memory (RSS)", lambda r: f"{r['peak_rss_mib']:.0f} MiB"),
+    ]
+    rows = [[label, *(measure(run) for run in runs)] for label, measure in measures]
+    return markdown_table(["", *names], rows)
+
+
+def machine_table() -> str:
+    """Where each script last ran, as the scripts recorded it."""
+    math, train = load("rl_math")["machine"], load("train")["machine"]
+    rows = [
+        [
+            "`rl_math.py`",
+            f"JAX {math['platform']} backend: {math['devices']} {math['device']} device, "
+            f"{math['cpu']}",
+            f"jax {math['jax']}",
+            f"{math['copy_GB_s']:.2f} GB/s",
+        ],
+        [
+            "`train.py`",
+            f"{train['platform']}, {train['cpus']} CPUs",
+            f"jax {train['jax']}, Python {train['python']}",
+            "",
+        ],
+    ]
+    header = ["script", "machine", "software", "copy bandwidth (median of the run)"]
+    return markdown_table(header, rows)
+
+
+def expand(match: re.Match) -> str:
+    table = match["table"]
+    if table == "machine":
+        return machine_table()
+    if table == "rl_math":
+        return rl_math_table(int(match["b"]), int(match["t"]))
+    if table == "gae_forms":
+        return gae_forms_table()
+    if table == "train":
+        return train_table()
+    raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
+
+
+def on_page_markdown(markdown: str, **_) -> str:
+    """Expand every benchmark marker on the page."""
+    return MARKER.sub(expand, markdown)
