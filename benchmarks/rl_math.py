@@ -41,12 +41,12 @@ LOSSES = {
 
 
 @functools.cache
-def copied() -> jax.Array:
+def floor_array() -> jax.Array:
     """The 256 MiB of float32 whose copy sets the floor, made on first use."""
     return jnp.ones((64 * 1024 * 1024,), jnp.float32)
 
 
-copy = jax.jit(lambda x: x + 1.0)
+plus_one = jax.jit(lambda x: x + 1.0)
 
 
 def timed(function: Callable, *args, repeats: int) -> tuple[float, float]:
@@ -59,17 +59,17 @@ def timed(function: Callable, *args, repeats: int) -> tuple[float, float]:
     a cost of calling alone that a jitted training step never pays) and brings the inputs back into
     cache: the timed call is the steady state, as in a loop.
     """
-    jax.block_until_ready((function(*args), copy(copied())))
+    jax.block_until_ready((function(*args), plus_one(floor_array())))
     calls, copies = [], []
     for _ in range(repeats):
         began = time.perf_counter()
-        jax.block_until_ready(copy(copied()))
+        jax.block_until_ready(plus_one(floor_array()))
         copies.append(time.perf_counter() - began)
         jax.block_until_ready(function(*args))
         began = time.perf_counter()
         jax.block_until_ready(function(*args))
         calls.append(time.perf_counter() - began)
-    return statistics.median(calls), 2 * copied().nbytes / statistics.median(copies)
+    return statistics.median(calls), 2 * floor_array().nbytes / statistics.median(copies)
 
 
 def inputs(name: str, b: int, t: int, dtype, key) -> tuple[tuple, dict]:
