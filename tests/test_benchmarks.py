@@ -2,7 +2,8 @@
 
 `benchmarks/` is run by hand and measures; this only checks, on tiny shapes, that each public
 `dew.rl` function is benchmarked and accepts what the script feeds it, and that the GAE forms
-it compares agree, so a new function or a changed signature cannot silently break the script.
+it compares agree, so a new function or a changed signature cannot silently break the script;
+and that the recorded results the docs render cover every function, so a new one is measured.
 """
 
 import importlib.util

@@ -1,8 +1,9 @@
 """mkdocs hook: the benchmarks page's tables are rendered from `benchmarks/results/*.json`.
 
-A page writes `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->` or `<!-- bench: train -->`;
-the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
-was measured, not what someone typed. The prose around the tables quotes the same files.
+A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`
+or `<!-- bench: train -->`; the hook replaces each with a table of the numbers the scripts last
+wrote, so the page shows what was measured, not what someone typed. The prose around the tables
+quotes the same files.
 """
 
 import json
@@ -117,7 +118,7 @@ def expand(match: re.Match) -> str:
     table = match["table"]
     if table == "machine":
         return machine_table()
-    if table == "rl_math":
+    if table == "rl_math" and match["b"]:
         return rl_math_table(int(match["b"]), int(match["t"]))
     if table == "gae_forms":
         return gae_forms_table()
