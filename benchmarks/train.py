@@ -73,6 +73,12 @@ def run(options: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def reached(result: dict, level: str) -> str:
+    """When the run first reached mean reward `level`: seconds and step, or `-` if never."""
+    hit = result[f"time_to_{level}"]
+    return "-" if hit is None else f"{hit['seconds']:.1f} (step {hit['step']})"
+
+
 def table(results: list[dict]) -> str:
     """The results as a fixed-width text table."""
     columns = [
@@ -84,22 +90,8 @@ def table(results: list[dict]) -> str:
         ("update ms", lambda r: f"{1000 * r['update_s']:.0f}"),
         ("steps/s", lambda r: f"{r['steps_per_s']:.2f}"),
         ("sampler tok/s", lambda r: f"{r['sampler_tokens_per_s']:.0f}"),
-        (
-            "t(0.9) s",
-            lambda r: (
-                "-"
-                if r["time_to_0.9"] is None
-                else f"{r['time_to_0.9']['seconds']:.1f} (step {r['time_to_0.9']['step']})"
-            ),
-        ),
-        (
-            "t(0.95) s",
-            lambda r: (
-                "-"
-                if r["time_to_0.95"] is None
-                else f"{r['time_to_0.95']['seconds']:.1f} (step {r['time_to_0.95']['step']})"
-            ),
-        ),
+        ("t(0.9) s", lambda r: reached(r, "0.9")),
+        ("t(0.95) s", lambda r: reached(r, "0.95")),
         ("final", lambda r: f"{r['final_reward']:.3f}"),
         ("greedy", lambda r: f"{r['greedy_reward']:.3f}"),
         ("peak MiB", lambda r: f"{r['peak_rss_mib']:.0f}"),

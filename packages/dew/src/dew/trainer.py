@@ -241,16 +241,20 @@ def train(
     opt_state = jax.device_put(opt_state, opt_sh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if objective.needs_reference else None
 
+    def state() -> dict[str, Any]:
+        """What a checkpoint holds: the parameters, the optimizer and the frozen reference."""
+        held = {"params": params, "opt_state": opt_state}
+        if ref_params is not None:
+            held["ref_params"] = ref_params
+        return held
+
     checkpoints = Checkpoints(run_dir / "checkpoints")
     start = 0
     if config.resume:
         start = checkpoints.latest_step()
         if start is None:
             raise ConfigError(f"--resume: {run_dir} has no checkpoint yet")
-        template = {"params": params, "opt_state": opt_state}
-        if ref_params is not None:
-            template["ref_params"] = ref_params
-        restored = checkpoints.restore(start, template)
+        restored = checkpoints.restore(start, state())
         params, opt_state = restored["params"], restored["opt_state"]
         ref_params = restored.get("ref_params")
     metrics_file = MetricsFile(run_dir, keep_through=start if config.resume else None)
@@ -263,10 +267,7 @@ def train(
 
     def save(step):
         nonlocal saved
-        state = {"params": params, "opt_state": opt_state}
-        if ref_params is not None:
-            state["ref_params"] = ref_params
-        checkpoints.save(step, state)
+        checkpoints.save(step, state())
         saved = step
 
     try:
