@@ -80,11 +80,11 @@ def test_license_files_are_the_roots():
 
 
 IMPORT_CHECKS = {
-    "dew": "import dew.model, dew.trainer, dew.cli",
+    "dew": "import dew.models.llama, dew.trainer, dew.cli",
     "dew-rl": (
         "import importlib.util, dew.rl\n"
         "assert dew.rl.group_advantage is not None\n"
-        "for absent in ('flax', 'optax', 'dew.model', 'dew.objectives'):\n"
+        "for absent in ('flax', 'optax', 'dew.models', 'dew.objectives'):\n"
         "    assert importlib.util.find_spec(absent) is None, absent\n"
     ),
     "dew-objectives-rl": (

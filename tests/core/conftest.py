@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from dew.batch import Batch
-from dew.model import log_probs
+from dew.models.outputs import log_probs
 
 
 @dataclasses.dataclass(frozen=True)

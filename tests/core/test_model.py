@@ -9,18 +9,11 @@ import pytest
 from flax import nnx
 
 from dew.checkpoint import flatten
-from dew.model import (
-    CONFIGS,
-    ModelConfig,
-    Policy,
-    build,
-    count_params,
-    log_probs,
-    log_probs_and_values,
-    token_log_probs,
-)
+from dew.models.llama import ModelConfig, Policy, build, count_params
+from dew.models.outputs import log_probs, log_probs_and_values, token_log_probs
+from dew.models.registry import SIZES
 
-TINY = CONFIGS["tiny"]
+TINY = SIZES["tiny"]
 
 
 def tokens_of(seed, shape=(3, 9)):
@@ -113,7 +106,7 @@ def test_values_are_aligned_with_log_probs():
 
 
 def test_parameter_names_follow_llama():
-    names = set(flatten(nnx.to_pure_dict(nnx.state(build(CONFIGS["default"], 0), nnx.Param))))
+    names = set(flatten(nnx.to_pure_dict(nnx.state(build(SIZES["default"], 0), nnx.Param))))
     for name in [
         "embed_tokens.embedding",
         "layers.0.input_layernorm.weight",
@@ -134,7 +127,7 @@ def test_parameter_names_follow_llama():
 
 
 def test_the_default_model_has_about_100k_parameters():
-    assert 80_000 < count_params(build(CONFIGS["default"], 0)) < 130_000
+    assert 80_000 < count_params(build(SIZES["default"], 0)) < 130_000
 
 
 def test_same_seed_same_weights():

@@ -8,16 +8,18 @@ import pytest
 from flax import nnx
 
 from dew.batch import Batch
-from dew.model import CONFIGS, build
+from dew.models.llama import build
+from dew.models.registry import SIZES
 from dew.rollout import RewardError, corrupt, demonstrations, preferences, rollout
-from dew.tasks import TOKENIZER, Reverse, get_task
+from dew.tasks import Reverse, get_task
+from dew.tokenizers import DIGITS
 
 TASK = get_task("reverse")
 
 
 @pytest.fixture(scope="module")
 def policy():
-    config = dataclasses.replace(CONFIGS["tiny"], vocab_size=TOKENIZER.vocab_size)
+    config = dataclasses.replace(SIZES["tiny"], vocab_size=DIGITS.vocab_size)
     graphdef, params = nnx.split(build(config, 0))
     return graphdef, nnx.to_pure_dict(params)
 
@@ -102,10 +104,14 @@ def test_preferences_pair_the_answer_with_a_corrupted_one():
             for r in (2 * pair, 2 * pair + 1)
         )
         assert chosen == TASK.answer(prompt)
-        assert rejected != chosen and len(rejected) == len(chosen) and rejected[-1] == TOKENIZER.eos
+        assert (
+            rejected != chosen
+            and len(rejected) == len(chosen)
+            and rejected[-1] == DIGITS.eos_token_id
+        )
 
 
 def test_corrupt_changes_at_least_one_digit():
     rng = np.random.default_rng(0)
-    answer = TOKENIZER.encode("5$")
+    answer = DIGITS.encode("5$")
     assert all(corrupt(answer, TASK, rng) != answer for _ in range(50))

@@ -5,12 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.model import CONFIGS, build, log_probs
+from dew.models.llama import build
+from dew.models.outputs import log_probs
+from dew.models.registry import SIZES
 from dew.rollout import pad_prompts
 from dew.sampling import sample, sampling_log_probs
 
 EOS, PAD = 2, 0
-MODEL = build(CONFIGS["tiny"], 0)
+MODEL = build(SIZES["tiny"], 0)
 
 
 def prompts_and_lengths(seed=0, rows=64, width=6):
@@ -31,7 +33,7 @@ def draw(model=MODEL, **options):
 @pytest.fixture(scope="module")
 def eos_prone_model():
     """The tiny model with EOS made likely, so rows stop at different places."""
-    model = build(CONFIGS["tiny"], 0)
+    model = build(SIZES["tiny"], 0)
     model.lm_head.kernel[...] = model.lm_head.kernel[...].at[:, EOS].add(0.0)
     bias = jnp.zeros_like(model.lm_head.kernel[...]).at[:, EOS].set(0.3)
     model.lm_head.kernel[...] = model.lm_head.kernel[...] + bias

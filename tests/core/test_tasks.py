@@ -5,20 +5,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dew.tasks import TOKENIZER, Add, Reverse, get_task, position_credit, register_task
+from dew.tasks import Add, Reverse, get_task, position_credit, register_task
+from dew.tokenizers import DIGITS
 
 BUILTINS = ["add", "copy", "reverse", "sort"]
 
 
-@given(st.text(alphabet=TOKENIZER.symbols, max_size=40))
+@given(st.text(alphabet=DIGITS.symbols, max_size=40))
 def test_tokenizer_round_trips(text):
-    assert TOKENIZER.decode(TOKENIZER.encode(text)) == text
-    assert all(0 <= i < TOKENIZER.vocab_size for i in TOKENIZER.encode(text))
+    assert DIGITS.decode(DIGITS.encode(text)) == text
+    assert all(0 <= i < DIGITS.vocab_size for i in DIGITS.encode(text))
 
 
 def test_tokenizer_rejects_unknown_characters():
     with pytest.raises(ValueError, match="cannot encode"):
-        TOKENIZER.encode("12a")
+        DIGITS.encode("12a")
 
 
 @pytest.mark.parametrize(
@@ -33,14 +34,14 @@ def test_tokenizer_rejects_unknown_characters():
 )
 def test_answers(name, prompt, answer):
     task = get_task(name)
-    assert TOKENIZER.decode(task.answer(TOKENIZER.encode(prompt))) == answer
-    assert task.reward(TOKENIZER.encode(prompt), TOKENIZER.encode(answer)) == 1.0
+    assert DIGITS.decode(task.answer(DIGITS.encode(prompt))) == answer
+    assert task.reward(DIGITS.encode(prompt), DIGITS.encode(answer)) == 1.0
 
 
 def test_partial_credit_per_position():
     task = get_task("reverse")
-    prompt = TOKENIZER.encode("^1234>")  # answer 4321$, five positions
-    score = lambda text: task.reward(prompt, TOKENIZER.encode(text))  # noqa: E731
+    prompt = DIGITS.encode("^1234>")  # answer 4321$, five positions
+    score = lambda text: task.reward(prompt, DIGITS.encode(text))  # noqa: E731
     assert score("4321$") == 1.0
     assert score("4301$") == pytest.approx(0.8)
     assert score("4321") == pytest.approx(0.8)  # no EOS: loses that position
@@ -68,7 +69,7 @@ def test_a_uniformly_random_policy_scores_about_five_percent(name):
     task = get_task(name)
     rng = np.random.default_rng(0)
     prompts = task.prompts(rng, 4000)
-    draws = rng.integers(0, TOKENIZER.vocab_size, size=(len(prompts), task.max_new_tokens))
+    draws = rng.integers(0, DIGITS.vocab_size, size=(len(prompts), task.max_new_tokens))
     mean = np.mean([task.reward(p, d.tolist()) for p, d in zip(prompts, draws, strict=True)])
     assert 0.03 < mean < 0.09, mean
 
@@ -85,11 +86,11 @@ def test_prompts_are_reproducible_from_the_generator():
 def test_add_prompts_are_well_formed():
     task = Add(max_digits=2)
     for prompt in task.prompts(np.random.default_rng(1), 200):
-        text = TOKENIZER.decode(prompt)
+        text = DIGITS.decode(prompt)
         a, b = text[1:-1].split("+")
         assert 1 <= len(a) <= 2 and 1 <= len(b) <= 2
         assert len(prompt) <= task.max_prompt_len
-        assert TOKENIZER.decode(task.answer(prompt)) == f"{int(a) + int(b)}$"
+        assert DIGITS.decode(task.answer(prompt)) == f"{int(a) + int(b)}$"
 
 
 def test_unknown_task_lists_the_available_ones():
@@ -106,9 +107,9 @@ def test_users_register_their_own_task():
         def transform(self, digits):
             return digits * 2
 
-    register_task("twice", lambda: Twice(min_len=1, max_len=2))
+    register_task("twice", lambda tokenizer: Twice(min_len=1, max_len=2, tokenizer=tokenizer))
     task = get_task("twice")
-    assert TOKENIZER.decode(task.answer(TOKENIZER.encode("^12>"))) == "1212$"
+    assert DIGITS.decode(task.answer(DIGITS.encode("^12>"))) == "1212$"
     assert task.max_new_tokens == 5  # the longest answer, 4 digits, plus EOS
 
 

@@ -9,7 +9,9 @@ import pytest
 from flax import nnx
 
 from dew.batch import Batch
-from dew.model import CONFIGS, build, log_probs
+from dew.models.llama import build
+from dew.models.outputs import log_probs
+from dew.models.registry import SIZES
 from dew.objectives.sft import SFT
 from dew.rollout import rollout
 from dew.tasks import get_task
@@ -25,7 +27,7 @@ from dew.update import (
 @pytest.fixture(scope="module")
 def setup():
     task = get_task("reverse")
-    config = dataclasses.replace(CONFIGS["tiny"], vocab_size=task.tokenizer.vocab_size)
+    config = dataclasses.replace(SIZES["tiny"], vocab_size=task.tokenizer.vocab_size)
     graphdef, params = nnx.split(build(config, 0))
     params = nnx.to_pure_dict(params)
     prompts = task.prompts(np.random.default_rng(0), 8)

@@ -8,14 +8,16 @@ import pytest
 from flax import nnx
 
 from dew.batch import Batch
-from dew.model import CONFIGS, Policy, log_probs
+from dew.models.llama import Policy
+from dew.models.outputs import log_probs
+from dew.models.registry import SIZES
 
 B, T = 8, 9
 
 
 def _model(value_head: bool = False) -> Policy:
     """The tiny built-in policy, seed 0, with a value head when asked."""
-    config = dataclasses.replace(CONFIGS["tiny"], value_head=value_head)
+    config = dataclasses.replace(SIZES["tiny"], value_head=value_head)
     return Policy(config, rngs=nnx.Rngs(0))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dew.model import log_probs, log_probs_and_values
+from dew.models.outputs import log_probs, log_probs_and_values
 from dew.objective import load_objective
 from dew.objectives.rl import DAPO, DPO, GRPO, GSPO, PPO, RLOO, DrGRPO
 from dew.rl import (

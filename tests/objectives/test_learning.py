@@ -13,7 +13,8 @@ from flax import nnx
 
 from dew import cli
 from dew.config import model_config
-from dew.model import build, log_probs_and_values
+from dew.models.llama import build
+from dew.models.outputs import log_probs_and_values
 from dew.objectives.rl import PPO
 from dew.rollout import rollout
 from dew.tasks import Reverse

@@ -9,7 +9,8 @@ from typing import Any
 
 import jax
 
-from dew.model import CONFIGS, ModelConfig
+from dew.models.llama import ModelConfig
+from dew.models.registry import SIZES
 from dew.objective import Objective, load_objective
 from dew.tasks import Task, get_task
 
@@ -124,8 +125,8 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
         (config.temperature > 0, f"--temperature must be > 0, got {config.temperature}"),
         (0 < config.top_p <= 1, f"--top-p must be in (0, 1], got {config.top_p}"),
         (
-            config.model in CONFIGS,
-            f"unknown --model {config.model!r}; available: {', '.join(CONFIGS)}",
+            config.model in SIZES,
+            f"unknown --model {config.model!r}; available: {', '.join(SIZES)}",
         ),
         (
             objective.data in ("samples", "demonstrations", "preferences"),
@@ -160,7 +161,7 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
 
 
 def model_config(config: TrainConfig, objective: Objective, task: Task) -> ModelConfig:
-    """`CONFIGS[config.model]` sized to the task's vocabulary, with a value head if needed.
+    """`SIZES[config.model]` sized to the task's vocabulary, with a value head if needed.
 
     Examples:
       >>> from dew.objectives.sft import SFT
@@ -169,7 +170,7 @@ def model_config(config: TrainConfig, objective: Objective, task: Task) -> Model
       (15, 32, False)
     """
     return dataclasses.replace(
-        CONFIGS[config.model],
+        SIZES[config.model],
         vocab_size=task.tokenizer.vocab_size,
         value_head=objective.needs_values,
     )

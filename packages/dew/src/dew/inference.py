@@ -10,7 +10,7 @@ from flax import nnx
 
 from dew import rollout as rollouts
 from dew.checkpoint import Checkpoints
-from dew.model import ModelConfig, build
+from dew.models.llama import ModelConfig, build
 from dew.runlog import read_config
 from dew.tasks import Task, get_task
 
@@ -72,8 +72,8 @@ def sample_run(
     Greedy at `temperature` 0.
 
     Examples:
-      >>> from dew.model import CONFIGS
-      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))  # an untrained policy
+      >>> from dew.models.registry import SIZES
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))  # an untrained policy
       >>> run = Run(graphdef, params, get_task("reverse"), config={}, step=0)
       >>> samples = sample_run(run, 2)
       >>> [run.task.tokenizer.decode(prompt) for prompt, _, _ in samples]

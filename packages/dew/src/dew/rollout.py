@@ -72,8 +72,9 @@ def score(
     function raises or returns a value outside [0, 1] (or NaN).
 
     Examples:
-      >>> from dew.tasks import TOKENIZER, get_task
-      >>> tokens = np.array([TOKENIZER.encode("^12>21$"), TOKENIZER.encode("^12>11$")])
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> tokens = np.array([DIGITS.encode("^12>21$"), DIGITS.encode("^12>11$")])
       >>> prompt_mask = np.tile(np.arange(7) < 4, (2, 1))
       >>> score(get_task("reverse"), tokens, prompt_mask, ~prompt_mask)
       array([1.    , 0.6667], dtype=float32)
@@ -137,10 +138,11 @@ def rollout(
     `sharding` (batch axis first) when given.
 
     Examples:
-      >>> from dew.model import CONFIGS, build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
       >>> from dew.tasks import get_task
       >>> task = get_task("reverse")
-      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> prompts = task.prompts(np.random.default_rng(0), 2)
       >>> out = rollout(graphdef, params, task, prompts, 2, jax.random.key(0))
       >>> out.batch.tokens.shape, out.batch.group, out.prompt_mask.sum(axis=1)
@@ -150,7 +152,7 @@ def rollout(
     """
     began = time.perf_counter()
     expanded = [prompt for prompt in prompts for _ in range(group)]
-    padded, lengths = pad_prompts(expanded, task.max_prompt_len, task.tokenizer.pad)
+    padded, lengths = pad_prompts(expanded, task.max_prompt_len, task.tokenizer.pad_token_id)
     padded, lengths = jnp.asarray(padded), jnp.asarray(lengths)
     if sharding is not None:
         padded, lengths = jax.device_put((padded, lengths), sharding)
@@ -163,8 +165,8 @@ def rollout(
         max_new_tokens=task.max_new_tokens,
         temperature=float(temperature),
         top_p=float(top_p),
-        eos_id=task.tokenizer.eos,
-        pad_id=task.tokenizer.pad,
+        eos_id=task.tokenizer.eos_token_id,
+        pad_id=task.tokenizer.pad_token_id,
         kv_cache=kv_cache,
     )
     tokens, prompt_mask, completion_mask, behavior = to_host(
@@ -208,10 +210,11 @@ def take_groups(
     `len(picks)` prompts and the update compiled for it is reused.
 
     Examples:
-      >>> from dew.model import CONFIGS, build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
       >>> from dew.tasks import get_task
       >>> task = get_task("reverse")
-      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> prompts = task.prompts(np.random.default_rng(0), 2)
       >>> parts = [rollout(graphdef, params, task, prompts, 2, jax.random.key(k)) for k in (0, 1)]
       >>> batch = take_groups(parts, [(1, 0), (0, 1)], 2)
@@ -241,7 +244,7 @@ def take_groups(
 def _rows(task: Task, prompts, completions, group: int, sharding, rewards=None) -> Batch:
     """A `Batch` of fixed prompt + completion rows, scored with the task unless `rewards`."""
     width = task.max_prompt_len + task.max_new_tokens
-    tokens = np.full((len(prompts), width), task.tokenizer.pad, np.int32)
+    tokens = np.full((len(prompts), width), task.tokenizer.pad_token_id, np.int32)
     prompt_mask = np.zeros(tokens.shape, bool)
     completion_mask = np.zeros(tokens.shape, bool)
     for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
@@ -267,11 +270,12 @@ def demonstrations(task: Task, prompts: Sequence[Sequence[int]], sharding=None) 
     `behavior_log_probs` is 0: nothing was sampled.
 
     Examples:
-      >>> from dew.tasks import TOKENIZER, get_task
-      >>> batch = demonstrations(get_task("reverse"), [TOKENIZER.encode("^123>")])
-      >>> TOKENIZER.decode(batch.tokens[0]), batch.group, batch.rewards
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> batch = demonstrations(get_task("reverse"), [DIGITS.encode("^123>")])
+      >>> DIGITS.decode(batch.tokens[0]), batch.group, batch.rewards
       ('^123>321$', 1, Array([1.], dtype=float32))
-      >>> TOKENIZER.decode(batch.tokens[0][batch.completion_mask[0]])
+      >>> DIGITS.decode(batch.tokens[0][batch.completion_mask[0]])
       '321$'
     """
     return _rows(task, prompts, [task.answer(p) for p in prompts], 1, sharding)
@@ -281,9 +285,10 @@ def corrupt(answer: Sequence[int], task: Task, rng: np.random.Generator) -> list
     """`answer` with one to all of its digits changed to a different digit (EOS kept).
 
     Examples:
-      >>> from dew.tasks import get_task, TOKENIZER
-      >>> wrong = corrupt(TOKENIZER.encode("123$"), get_task("reverse"), np.random.default_rng(0))
-      >>> wrong != TOKENIZER.encode("123$") and wrong[-1] == TOKENIZER.eos
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> wrong = corrupt(DIGITS.encode("123$"), get_task("reverse"), np.random.default_rng(0))
+      >>> wrong != DIGITS.encode("123$") and wrong[-1] == DIGITS.eos_token_id
       True
     """
     tok = task.tokenizer
@@ -305,10 +310,11 @@ def preferences(
     Rewards are 1 for the chosen row and 0 for the rejected one.
 
     Examples:
-      >>> from dew.tasks import TOKENIZER, get_task
-      >>> prompts = [TOKENIZER.encode("^123>")]
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> prompts = [DIGITS.encode("^123>")]
       >>> batch = preferences(get_task("reverse"), prompts, np.random.default_rng(0))
-      >>> [TOKENIZER.decode(row) for row in batch.tokens], batch.group, batch.rewards
+      >>> [DIGITS.decode(row) for row in batch.tokens], batch.group, batch.rewards
       (['^123>321$', '^123>432$'], 2, Array([1., 0.], dtype=float32))
     """
     rows, completions = [], []

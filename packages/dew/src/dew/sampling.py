@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dew.model import Policy
+from dew.models.llama import Policy
 from dew.traces import count_trace
 
 __all__ = [
@@ -178,8 +178,9 @@ def sample(
     Reference: nucleus (top-p) sampling, arXiv:1904.09751.
 
     Examples:
-      >>> from dew.model import CONFIGS, build
-      >>> out = sample(build(CONFIGS["tiny"], 0), jnp.array([[1, 5, 3]]), jnp.array([3]),
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> out = sample(build(SIZES["tiny"], 0), jnp.array([[1, 5, 3]]), jnp.array([3]),
       ...              jax.random.key(0), max_new_tokens=4, eos_id=2)
       >>> out.tokens.shape, bool(out.prompt_mask[0, :3].all())
       ((1, 7), True)

@@ -1,4 +1,4 @@
-"""Verifiable tasks: prompts, the correct answer and a reward in [0, 1], on their own tokenizer.
+"""Verifiable tasks: prompts, the correct answer and a reward in [0, 1], in the model's tokenizer.
 
 A task is anything with the attributes and methods of `Task`. The built-ins work on digit strings:
 `reverse` (the default), `sort`, `copy` and `add`. A prompt is `^ d1 ... dn >` (BOS, the digits,
@@ -13,19 +13,20 @@ tokens matches about 1/15 of the positions and rarely stops in time: it scores a
 
 Adding a task: write a class with `name`, `tokenizer`, `max_prompt_len`, `max_new_tokens`,
 `prompts`, `answer` and `reward`, and register a factory for it, here or through the entry-point
-group `dew.tasks` (then `dew train --task NAME` finds it):
+group `dew.tasks` (then `dew train --task NAME` finds it). The factory is called with the model's
+tokenizer as `tokenizer` and the task's options as keywords:
 
 Examples:
   >>> class Double(DigitTask):
   ...     name = "double"
   ...     def transform(self, digits):
   ...         return [d for d in digits for _ in range(2)]
-  >>> register_task("double", lambda: Double(min_len=1, max_len=3))
+  >>> register_task("double", lambda tokenizer: Double(min_len=1, max_len=3, tokenizer=tokenizer))
   >>> task = get_task("double")
-  >>> prompt = TOKENIZER.encode("^12>")
-  >>> TOKENIZER.decode(task.answer(prompt))
+  >>> prompt = DIGITS.encode("^12>")
+  >>> DIGITS.decode(task.answer(prompt))
   '1122$'
-  >>> task.reward(prompt, TOKENIZER.encode("1122$")), task.reward(prompt, TOKENIZER.encode("11$"))
+  >>> task.reward(prompt, DIGITS.encode("1122$")), task.reward(prompt, DIGITS.encode("11$"))
   (1.0, 0.4)
 """
 
@@ -35,16 +36,16 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from dew.tokenizers import DIGITS, DigitTokenizer
+
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "TOKENIZER",
     "Add",
     "Copy",
     "DigitTask",
     "Reverse",
     "Sort",
     "Task",
-    "Tokenizer",
     "available_tasks",
     "get_task",
     "position_credit",
@@ -54,65 +55,20 @@ __all__ = [
 ENTRY_POINT_GROUP = "dew.tasks"
 
 
-class Tokenizer:
-    """One character per token: `_` PAD, `^` BOS, `$` EOS, `>` separator, `+`, digits `0`-`9`.
-
-    Examples:
-      >>> TOKENIZER.encode("^12>")
-      [1, 6, 7, 3]
-      >>> TOKENIZER.decode([1, 6, 7, 3, 8, 2])
-      '^12>3$'
-    """
-
-    def __init__(self, symbols: str = "_^$>+0123456789"):
-        if len(set(symbols)) != len(symbols):
-            raise ValueError(f"symbols must be distinct, got {symbols!r}")
-        self.symbols = symbols
-        self._ids = {symbol: i for i, symbol in enumerate(symbols)}
-        self.pad, self.bos, self.eos, self.sep, self.plus = (self._ids[c] for c in "_^$>+")
-
-    @property
-    def vocab_size(self) -> int:
-        """The number of token ids."""
-        return len(self.symbols)
-
-    def encode(self, text: str) -> list[int]:
-        """The token ids of `text`, one per character; `ValueError` on an unknown character."""
-        unknown = sorted(set(text) - set(self._ids))
-        if unknown:
-            raise ValueError(f"cannot encode {unknown} (known: {self.symbols!r})")
-        return [self._ids[c] for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of token ids, one character each; an id outside the vocabulary as `<id>`."""
-        size = len(self.symbols)
-        return "".join(self.symbols[int(i)] if 0 <= int(i) < size else f"<{int(i)}>" for i in ids)
-
-    def digit(self, value: int) -> int:
-        """The token id of decimal digit `value`."""
-        return self._ids[str(value)]
-
-    def value(self, token: int) -> int:
-        """The decimal digit that token `token` spells."""
-        return int(self.symbols[int(token)])
-
-
-TOKENIZER = Tokenizer()
-
-
 @runtime_checkable
 class Task(Protocol):
     """A verifiable task: prompts, the correct completion and a reward.
 
     Attributes:
       name: the task's registry name, used in errors.
-      tokenizer: the `Tokenizer` its prompts and completions are written in.
+      tokenizer: the model's tokenizer, which the task is built with and writes its prompts and
+        completions in.
       max_prompt_len: the longest prompt `prompts` returns, BOS and separator included.
       max_new_tokens: the most completion tokens the sampler draws (answer plus EOS must fit).
     """
 
     name: str
-    tokenizer: Tokenizer
+    tokenizer: DigitTokenizer
     max_prompt_len: int
     max_new_tokens: int
 
@@ -160,9 +116,14 @@ class DigitTask:
 
     name = "digits"
 
-    def __init__(self, min_len: int = 3, max_len: int = 3, tokenizer: Tokenizer = TOKENIZER):
+    def __init__(self, min_len: int = 3, max_len: int = 3, tokenizer: DigitTokenizer = DIGITS):
         if not 1 <= min_len <= max_len:
             raise ValueError(f"need 1 <= min_len <= max_len, got {min_len} and {max_len}")
+        if not isinstance(tokenizer, DigitTokenizer):
+            raise ValueError(
+                f"task {self.name!r} writes digit strings and needs the digit tokenizer of the "
+                "built-in models (tiny, default, small)"
+            )
         self.min_len, self.max_len, self.tokenizer = min_len, max_len, tokenizer
         self.max_prompt_len = max_len + 2
         self.max_new_tokens = len(self.transform([0] * max_len)) + 1
@@ -189,10 +150,10 @@ class DigitTask:
 
     def answer(self, prompt: Sequence[int]) -> list[int]:
         tok = self.tokenizer
-        return [*(tok.digit(d) for d in self.transform(self.digits(prompt))), tok.eos]
+        return [*(tok.digit(d) for d in self.transform(self.digits(prompt))), tok.eos_token_id]
 
     def reward(self, prompt: Sequence[int], completion: Sequence[int]) -> float:
-        return position_credit(self.answer(prompt), completion, self.tokenizer.eos)
+        return position_credit(self.answer(prompt), completion, self.tokenizer.eos_token_id)
 
 
 class Reverse(DigitTask):
@@ -227,7 +188,7 @@ class Add(DigitTask):
 
     name = "add"
 
-    def __init__(self, max_digits: int = 3, tokenizer: Tokenizer = TOKENIZER):
+    def __init__(self, max_digits: int = 3, tokenizer: DigitTokenizer = DIGITS):
         super().__init__(min_len=1, max_len=max_digits, tokenizer=tokenizer)
         self.max_prompt_len = 2 * max_digits + 3
         self.max_new_tokens = max_digits + 2
@@ -253,7 +214,7 @@ class Add(DigitTask):
         if not (text.startswith("^") and text.endswith(">") and text.count("+") == 1):
             raise ValueError(f"not an add prompt: {text!r}")
         a, b = text[1:-1].split("+")
-        return [*tok.encode(str(int(a) + int(b))), tok.eos]
+        return [*tok.encode(str(int(a) + int(b))), tok.eos_token_id]
 
 
 _REGISTRY: dict[str, Callable[[], Task]] = {
@@ -264,11 +225,11 @@ _REGISTRY: dict[str, Callable[[], Task]] = {
 }
 
 
-def register_task(name: str, factory: Callable[[], Task]) -> None:
-    """Make `factory()` available as task `name` (to `get_task` and `dew train --task`).
+def register_task(name: str, factory: Callable[..., Task]) -> None:
+    """Make `factory(tokenizer=..., **options)` available as task `name` (`dew train --task`).
 
     Examples:
-      >>> register_task("reverse5", lambda: Reverse(min_len=5, max_len=5))
+      >>> register_task("reverse5", lambda tokenizer: Reverse(5, 5, tokenizer))
       >>> task = get_task("reverse5")
       >>> task.name, task.max_prompt_len, "reverse5" in available_tasks()
       ('reverse', 7, True)
@@ -287,8 +248,8 @@ def available_tasks() -> list[str]:
     return sorted({*found, *_REGISTRY})
 
 
-def get_task(name: str, **options) -> Task:
-    """A fresh instance of the task registered as `name`, built with `options`.
+def get_task(name: str, tokenizer: DigitTokenizer = DIGITS, **options) -> Task:
+    """A fresh instance of the task registered as `name`, on `tokenizer`, built with `options`.
 
     `ValueError` listing the available tasks when `name` is unknown, or naming the bad option.
 
@@ -303,7 +264,7 @@ def get_task(name: str, **options) -> Task:
                 factory = point.load()
     if factory is not None:
         try:
-            return factory(**options)
+            return factory(tokenizer=tokenizer, **options)
         except TypeError as error:
             raise ValueError(f"task {name!r} does not take options {options}: {error}") from error
     raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")

@@ -23,7 +23,7 @@ from dew import rollout as rollouts
 from dew.batch import Batch
 from dew.checkpoint import Checkpoints
 from dew.config import ConfigError, TrainConfig, model_config, resolve, validate
-from dew.model import build
+from dew.models.llama import build
 from dew.objective import Objective
 from dew.parallel import batch_sharding, make_mesh, param_shardings, replicated, to_host
 from dew.plot import plot_run
@@ -115,9 +115,10 @@ def step_prompts(task: Task, seed: int, step: int, n: int) -> list[list[int]]:
     """The prompts of step `step`, from `default_rng([seed, step])`.
 
     Examples:
-      >>> from dew.tasks import TOKENIZER, get_task
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
       >>> task = get_task("reverse")
-      >>> [TOKENIZER.decode(prompt) for prompt in step_prompts(task, 0, 1, 2)]
+      >>> [DIGITS.decode(prompt) for prompt in step_prompts(task, 0, 1, 2)]
       ['^589>', '^538>']
       >>> step_prompts(task, 0, 1, 2) == step_prompts(task, 0, 1, 2)
       True
@@ -141,10 +142,11 @@ def dynamic_batch(
 
     Examples:
       >>> from types import SimpleNamespace
-      >>> from dew.model import CONFIGS, build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
       >>> from dew.tasks import get_task
       >>> task, config = get_task("reverse"), TrainConfig(prompts=2, group=2)
-      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> key = jax.random.key(0)
       >>> first = rollouts.rollout(graphdef, params, task, step_prompts(task, 0, 1, 2), 2, key)
       >>> objective = SimpleNamespace(max_refills=2)
@@ -353,9 +355,10 @@ def evaluate(
     """The mean reward of greedy completions of fresh prompts (a stream no step uses).
 
     Examples:
-      >>> from dew.model import CONFIGS, build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
       >>> from dew.tasks import get_task
-      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> reward = evaluate(graphdef, params, get_task("reverse"), TrainConfig(), n=4)
       >>> 0.0 <= reward <= 1.0  # the untrained policy's greedy answers score next to nothing
       True

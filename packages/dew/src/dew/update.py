@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 
 from dew.batch import Batch
-from dew.model import log_probs, log_probs_and_values
+from dew.models.outputs import log_probs, log_probs_and_values
 from dew.objective import Objective
 from dew.traces import count_trace
 
@@ -88,13 +88,14 @@ def rollout_fields(graphdef, params, ref_params, batch: Batch, objective: Object
 
     Examples:
       >>> import numpy as np
-      >>> from dew.model import CONFIGS, build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
       >>> from dew.objectives.sft import SFT
       >>> from dew.rollout import demonstrations
       >>> from dew.tasks import get_task
       >>> task = get_task("reverse")
       >>> batch = demonstrations(task, task.prompts(np.random.default_rng(0), 2))
-      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> fill = jax.jit(rollout_fields, static_argnums=(0, 4))  # as inside `make_update`
       >>> filled = fill(graphdef, params, None, batch, SFT())
       >>> bool(jnp.all((filled.old_log_probs < 0) == batch.completion_mask))
@@ -191,13 +192,14 @@ def make_update(
 
     Examples:
       >>> import numpy as np
-      >>> from dew.model import CONFIGS, build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
       >>> from dew.objectives.sft import SFT
       >>> from dew.rollout import demonstrations
       >>> from dew.tasks import get_task
       >>> task = get_task("reverse")
       >>> batch = demonstrations(task, task.prompts(np.random.default_rng(0), 2))
-      >>> graphdef, params = nnx.split(build(CONFIGS["tiny"], 0))
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> params = nnx.to_pure_dict(params)
       >>> tx = optimizer(1e-2)
       >>> update = make_update(graphdef, SFT(), tx, updates=2, micro_batches=1)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.batch import Batch
-from dew.model import log_probs
+from dew.models.outputs import log_probs
 
 __all__ = ["SFT"]
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.batch import Batch
-from dew.model import log_probs
+from dew.models.outputs import log_probs
 from dew.rl import (
     behavior_importance_weights,
     clipped_surrogate_terms,

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.batch import Batch
-from dew.model import log_probs_and_values
+from dew.models.outputs import log_probs_and_values
 from dew.rl import (
     clipped_surrogate,
     clipped_value_loss_terms,

@@ -1,4 +1,4 @@
-"""The policy: a decoder-only transformer of the Llama/Qwen2 family, in Flax NNX.
+"""The Llama family (Llama, Qwen2, Qwen3): a decoder-only transformer in Flax NNX.
 
 RMSNorm before attention and MLP, rotary positions, a SwiGLU MLP and grouped-query attention when
 `num_key_value_heads < num_attention_heads`. Attribute names follow Hugging Face's `LlamaModel` and
@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dew.models._checks import check_tokens
+
 __all__ = [
-    "CONFIGS",
     "MLP",
     "Attention",
     "DecoderLayer",
@@ -28,10 +29,7 @@ __all__ = [
     "RMSNorm",
     "build",
     "count_params",
-    "log_probs",
-    "log_probs_and_values",
     "rotary",
-    "token_log_probs",
 ]
 
 Cache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -65,35 +63,6 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-
-
-# The built-in sizes train on a CPU. Short sequences (tens of tokens) get a small `rope_theta`, so
-# every rotary frequency turns visibly between neighbouring positions, and Qwen2's q/k/v biases,
-# whose rotated query and key biases give each head a content-free preference for an offset: both
-# let a head attend "three tokens back" from the first steps, which RL on the digit tasks needs
-# (with Llama's theta of 10^4 and no biases, GRPO stalls near half credit on `reverse`).
-_SMALL_SEQUENCES = {"rope_theta": 10.0, "attention_bias": True}
-
-CONFIGS = {
-    "tiny": ModelConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        **_SMALL_SEQUENCES,
-    ),
-    "default": ModelConfig(**_SMALL_SEQUENCES),
-    "small": ModelConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        **_SMALL_SEQUENCES,
-    ),
-}
-"""Built-in model sizes: `tiny` (~10k parameters, for tests), `default` (~100k), `small` (~750k)."""
 
 
 def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -205,9 +174,10 @@ class Policy(nnx.Module):
     (`models/llama/modeling_llama.py`, `models/qwen2/modeling_qwen2.py`).
 
     Examples:
-      >>> model = Policy(CONFIGS["tiny"], rngs=nnx.Rngs(0))
+      >>> from dew.models.registry import SIZES
+      >>> model = Policy(SIZES["tiny"], rngs=nnx.Rngs(0))
       >>> model(jnp.zeros((2, 5), jnp.int32)).shape
-      (2, 5, 16)
+      (2, 5, 15)
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
@@ -234,7 +204,7 @@ class Policy(nnx.Module):
         With `segments` (`[B, T]` ids of packed sequences) a token attends only within its own
         segment and positions restart at each segment's first token.
         """
-        _check_tokens(tokens, "tokens")
+        check_tokens(tokens, "tokens")
         length = tokens.shape[1]
         position = jnp.arange(length)
         mask = position[None, :, None] >= position[None, None, :]
@@ -289,77 +259,13 @@ class Policy(nnx.Module):
         return self.unembed(self.norm(x)), tuple(new_cache)
 
 
-def _check_tokens(tokens: jax.Array, name: str) -> None:
-    if tokens.ndim != 2:
-        raise ValueError(f"{name} must be [B, T], got shape {tokens.shape}")
-    if not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise TypeError(f"{name} must hold integer token ids, got {tokens.dtype}")
-
-
-def token_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    """`[B, T]` log-softmax of `logits` `[B, T, V]` at the next token, 0 at t = 0 and off `mask`.
-
-    Entry t is `log_softmax(logits[:, t - 1])[tokens[:, t]]`, computed in float32.
-
-    Examples:
-      >>> logits = jnp.zeros((1, 3, 4))
-      >>> token_log_probs(logits, jnp.array([[0, 1, 2]]), jnp.array([[True, True, False]]))
-      Array([[ 0.    , -1.3863,  0.    ]], dtype=float32)
-    """
-    _check_tokens(tokens, "tokens")
-    if mask.shape != tokens.shape:
-        raise ValueError(f"mask must match tokens {tokens.shape}, got {mask.shape}")
-    scores = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(scores, tokens[:, 1:, None], axis=-1)[..., 0]
-    picked = jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)
-    return jnp.where(mask, picked, 0.0)
-
-
-def log_probs(
-    model: Policy, tokens: jax.Array, mask: jax.Array, segments: jax.Array | None = None
-) -> jax.Array:
-    """`[B, T]` per-token log-probs: entry t is `log p(tokens[:, t] | tokens[:, :t])`.
-
-    0 at t = 0 and wherever `mask` is false (selected with `jnp.where`, so nothing in padding
-    reaches a loss). Log-softmax in float32.
-
-    Examples:
-      >>> model = Policy(CONFIGS["tiny"], rngs=nnx.Rngs(0))
-      >>> tokens = jnp.array([[1, 5, 6, 2]])
-      >>> log_probs(model, tokens, tokens > 4).shape
-      (1, 4)
-    """
-    return token_log_probs(model(tokens, segments), tokens, mask)
-
-
-def log_probs_and_values(
-    model: Policy, tokens: jax.Array, mask: jax.Array, segments: jax.Array | None = None
-) -> tuple[jax.Array, jax.Array]:
-    """`log_probs` and the value head's `[B, T]` predictions, aligned the same way.
-
-    `values[:, t]` is the value of the state from which token t is generated, the prediction
-    at position t - 1; 0 at t = 0 and off `mask`.
-
-    Examples:
-      >>> import dataclasses
-      >>> model = build(dataclasses.replace(CONFIGS["tiny"], value_head=True), 0)
-      >>> tokens = jnp.array([[1, 5, 6, 2]])
-      >>> token_lp, values = log_probs_and_values(model, tokens, tokens > 4)
-      >>> token_lp.shape, values  # the value head starts at zero
-      ((1, 4), Array([[0., 0., 0., 0.]], dtype=float32))
-    """
-    hidden = model.hidden(tokens, segments)
-    values = model.values(hidden)
-    values = jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
-    return token_log_probs(model.unembed(hidden), tokens, mask), jnp.where(mask, values, 0.0)
-
-
 def count_params(model: nnx.Module) -> int:
     """The number of scalar parameters in `model`.
 
     Examples:
-      >>> count_params(build(CONFIGS["tiny"], 0))
-      10400
+      >>> from dew.models.registry import SIZES
+      >>> count_params(build(SIZES["tiny"], 0))
+      10336
     """
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
@@ -368,10 +274,11 @@ def build(config: ModelConfig, seed: int) -> Policy:
     """A freshly initialised `Policy` for `config`, its weights drawn from `seed`.
 
     Examples:
-      >>> model = build(CONFIGS["tiny"], 0)
+      >>> from dew.models.registry import SIZES
+      >>> model = build(SIZES["tiny"], 0)
       >>> type(model).__name__, model.lm_head.kernel.shape
-      ('Policy', (32, 16))
-      >>> same = build(CONFIGS["tiny"], 0)
+      ('Policy', (32, 15))
+      >>> same = build(SIZES["tiny"], 0)
       >>> bool(jnp.array_equal(model.lm_head.kernel[...], same.lm_head.kernel[...]))
       True
     """
