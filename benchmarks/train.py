@@ -26,11 +26,11 @@ import json, resource, sys, tempfile, time
 started = time.perf_counter()
 import jax
 import numpy as np
-from dew.trainer import TrainConfig, train
+from dew.train import TrainConfig, train
 options = json.loads(sys.argv[1])
 imported = time.perf_counter() - started
 with tempfile.TemporaryDirectory() as out:
-    result = train(TrainConfig(out=out + "/run", **options), quiet=True)
+    result = train(TrainConfig().replace(out=out + "/run", **options), quiet=True)
 total = time.perf_counter() - started
 rows = result.history
 steady = rows[1:] or rows

@@ -19,16 +19,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "hooks"))
 from api import public_names, summary  # noqa: E402
 
-# Every core module, found on disk: a new one must declare `__all__` and be documented.
+
+def module_name(path: Path) -> str:
+    """The import name of a source file under `packages/dew/src`."""
+    parts = path.relative_to(ROOT / "packages/dew/src").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# Every public core module, found on disk: a new one must declare `__all__` and be documented.
 CORE = sorted(
-    ".".join(path.relative_to(ROOT / "packages/dew/src").with_suffix("").parts)
+    module_name(path)
     for path in (ROOT / "packages/dew/src/dew").rglob("*.py")
+    if not path.name.startswith("_") or path.name == "__init__.py"
 )
+# The core page that renders each module, from the pages' API markers.
+CORE_PAGES = {
+    match[1]: f"api/core/{page.stem}/index.html"
+    for page in sorted((ROOT / "docs/api/core").glob("*.md"))
+    for match in re.finditer(r"<!-- api: ([\w.]+)", page.read_text())
+}
 # Each documented module and the page that renders it.
 PAGES = {
     "dew.rl": "api/rl/index.html",
     "dew.objectives.rl": "api/objectives/index.html",
-    **dict.fromkeys(CORE, "api/core/index.html"),
+    **{module: CORE_PAGES.get(module, "(no page)") for module in CORE},
 }
 
 

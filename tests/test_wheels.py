@@ -80,7 +80,7 @@ def test_license_files_are_the_roots():
 
 
 IMPORT_CHECKS = {
-    "dew": "import dew.models.llama, dew.trainer, dew.cli",
+    "dew": "import dew.models.llama, dew.train.trainer, dew.cli",
     "dew-rl": (
         "import importlib.util, dew.rl\n"
         "assert dew.rl.group_advantage is not None\n"

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 from dew.batch import Batch
-from dew.models.outputs import log_probs
+from dew.models.outputs import PolicyOutputs
+from dew.rollout import Sampled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +18,7 @@ class Reinforce:
     A_i = (r_i - mean_group(r)) / (std_group(r) + 1e-6); loss = -token_mean(exp(lp - old_lp) A).
     """
 
-    data = "samples"
+    source = Sampled()
     needs_reference = False
     needs_values = False
     scale_by_std: bool = True
@@ -29,10 +30,10 @@ class Reinforce:
             centred = centred / (rewards.std(axis=1, keepdims=True) + 1e-6)
         return batch.replace(advantages=centred.reshape(-1))
 
-    def loss(self, model, batch: Batch):
+    def loss(self, outputs: PolicyOutputs, batch: Batch):
         batch.require("old_log_probs", "advantages", by="reinforce")
         mask = batch.completion_mask
-        lp = log_probs(model, batch.tokens, mask)
+        lp = outputs.log_probs
         ratio = jnp.exp(lp - jax.lax.stop_gradient(batch.old_log_probs))
         terms = -ratio * batch.advantages[:, None]
         loss = jnp.sum(jnp.where(mask, terms, 0.0)) / jnp.sum(mask)

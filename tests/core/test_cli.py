@@ -10,6 +10,7 @@ import pytest
 
 from dew import cli
 from dew.objectives.sft import SFT
+from dew.rollout import Sampled
 from dew.traces import TRACES
 
 
@@ -78,7 +79,7 @@ def test_objective_flags_are_parsed_with_their_types(knobs):
         "7",
     ]
     config, _ = cli.parse_train(argv)
-    assert config.objective == "knobs" and config.steps == 7
+    assert config.objective == "knobs" and config.run.steps == 7
     assert config.objective_options == {
         "scale": 0.5,
         "clip": None,
@@ -87,7 +88,7 @@ def test_objective_flags_are_parsed_with_their_types(knobs):
         "mode": "sum",
     }
     config, _ = cli.parse_train(["--objective", "knobs"])
-    assert config.objective_options == {} and config.group == 8 and config.task == "reverse"
+    assert config.objective_options == {} and config.rollout.group == 8 and config.task == "reverse"
 
 
 def test_an_unknown_objective_is_one_line_listing_the_available(capsys):
@@ -100,7 +101,7 @@ def test_an_unknown_objective_is_one_line_listing_the_available(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--objective", "sft", "--steps", "0"], "--steps must be > 0"),
+        (["--objective", "sft", "--steps", "0"], "--steps must be >= 1"),
         (["--objective", "sft", "--task", "juggle"], "unknown task 'juggle'"),
         (["--objective", "sft", "--lr", "-1"], "--lr must be > 0"),
         (["--objective", "sft", "--steps", "many"], "invalid int value"),
@@ -115,7 +116,7 @@ def test_invalid_values_stop_before_compiling(capsys, tmp_path, argv, message):
 
 
 def test_group_below_two_is_refused_for_a_sampling_objective(capsys, tmp_path, monkeypatch):
-    from dew import config
+    from dew.train import config
 
     monkeypatch.setattr(config, "load_objective", lambda name, options: _Sampling())
     assert cli.main(["train", "--objective", "sft", "--group", "1", "--out", str(tmp_path)]) == 2
@@ -123,7 +124,7 @@ def test_group_below_two_is_refused_for_a_sampling_objective(capsys, tmp_path, m
 
 
 class _Sampling(SFT):
-    data = "samples"
+    source = Sampled()
 
 
 def test_train_then_resume_then_sample(capsys, tmp_path):
@@ -175,4 +176,28 @@ def test_the_installed_command_exits_non_zero_without_a_traceback():
         check=False,
     )
     assert done.returncode == 2
-    assert "--steps must be > 0" in done.stderr and "Traceback" not in done.stderr
+    assert "--steps must be >= 1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_every_config_option_is_a_flag_with_its_help(capsys):
+    from dew.train.config import SECTIONS, TrainConfig
+
+    parser = cli.train_parser(None, TrainConfig())
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    for cls in SECTIONS.values():
+        for field in dataclasses.fields(cls):
+            assert "--" + field.name.replace("_", "-") in flags, field.name
+    helps = [action.help for action in parser._actions if action.option_strings]
+    assert all(text and "None" not in text for text in helps), helps
+
+
+def test_sample_from_a_model_as_it_is(capsys):
+    assert cli.main(["sample", "--model", "tiny", "--task", "sort", "--n", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "model tiny, task sort" and len(out) == 3
+
+
+def test_sample_needs_a_run_or_a_model(capsys):
+    assert cli.main(["sample", "--model", "nowhere"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--model 'nowhere' is neither" in err and len(err.splitlines()) == 1

@@ -5,10 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dew.rollout import Rollout, informative_groups, take_groups
+from dew.rollout import DynamicSampling, Rollout
+from dew.rollout.sources import informative_groups, take_groups
 from dew.tasks import Reverse
 from dew.traces import TRACES
-from dew.trainer import TrainConfig, train
+from dew.train import TrainConfig, train
 
 
 class HalfSolved(Reverse):
@@ -26,8 +27,11 @@ class HalfSolved(Reverse):
 def dynamic(reinforce):
     @dataclasses.dataclass(frozen=True)
     class Dynamic(type(reinforce)):
-        dynamic_sampling = True
         max_refills: int = 3
+
+        @property
+        def source(self):
+            return DynamicSampling(self.max_refills)
 
     return Dynamic
 
@@ -58,7 +62,7 @@ def run(tmp_path, objective, **changes):
         "model": "tiny", "prompts": 8, "group": 4, "steps": 3, "lr": 1e-2,
         "out": str(tmp_path / "run"), "checkpoint_every": 100,
     }  # fmt: skip
-    config = TrainConfig(**{**options, **changes})
+    config = TrainConfig().replace(**{**options, **changes})
     return train(config, objective=objective, task=HalfSolved(3, 3), quiet=True)
 
 

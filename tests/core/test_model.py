@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dew.checkpoint import flatten
 from dew.models.llama import ModelConfig, Policy, build, count_params
 from dew.models.outputs import log_probs, log_probs_and_values, token_log_probs
 from dew.models.registry import SIZES
+from dew.train.checkpoint import flatten
 
 TINY = SIZES["tiny"]
 

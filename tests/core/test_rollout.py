@@ -10,7 +10,8 @@ from flax import nnx
 from dew.batch import Batch
 from dew.models.llama import build
 from dew.models.registry import SIZES
-from dew.rollout import RewardError, corrupt, demonstrations, preferences, rollout
+from dew.rollout import RewardError, rollout
+from dew.rollout.sources import corrupt, demonstrations, preferences
 from dew.tasks import Reverse, get_task
 from dew.tokenizers import DIGITS
 

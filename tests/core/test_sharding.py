@@ -12,13 +12,14 @@ import jax, numpy as np
 spec = importlib.util.spec_from_file_location("core_conftest", sys.argv[1])
 conftest = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(conftest)
-from dew.trainer import TrainConfig, train
+from dew.train import TrainConfig, train
 
 assert len(jax.devices()) == 8, jax.devices()
 runs = {}
 for name, devices, fsdp in [("one", 1, False), ("data", 8, False), ("fsdp", 8, True)]:
-    config = TrainConfig(model="tiny", prompts=8, group=4, steps=1, lr=1e-2, devices=devices,
-                         fsdp=fsdp, micro_batches=2, out=f"{sys.argv[2]}/{name}")
+    config = TrainConfig(model="tiny").replace(
+        prompts=8, group=4, steps=1, lr=1e-2, devices=devices, fsdp=fsdp, micro_batches=2,
+        out=f"{sys.argv[2]}/{name}")
     result = train(config, objective=conftest.Reinforce(), quiet=True)
     leaves = jax.tree.leaves(result.params)
     runs[name] = {

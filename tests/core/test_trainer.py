@@ -6,13 +6,13 @@ import jax
 import numpy as np
 import pytest
 
-from dew.checkpoint import Checkpoints
 from dew.objectives.sft import SFT
 from dew.rollout import RewardError
-from dew.runlog import read_metrics
 from dew.tasks import Reverse
 from dew.traces import TRACES
-from dew.trainer import ConfigError, TrainConfig, TrainingError, train
+from dew.train import ConfigError, TrainConfig, TrainingError, train
+from dew.train.checkpoint import Checkpoints
+from dew.train.runlog import read_metrics
 
 RANDOM_BASELINE = 0.06
 TIMING = {"time", "rollout_s", "update_s", "steps_per_s", "sampler_tokens_per_s"}
@@ -28,7 +28,7 @@ def small(tmp_path, **changes) -> TrainConfig:
         "lr": 1e-2,
         "out": str(tmp_path / "run"),
     }
-    return TrainConfig(**{**options, **changes})
+    return TrainConfig().replace(**{**options, **changes})
 
 
 def same_params(a, b) -> bool:
@@ -64,7 +64,7 @@ def test_a_run_folder_holds_config_metrics_plot_and_checkpoint(tmp_path, reinfor
     result = train(small(tmp_path, steps=3, checkpoint_every=2), objective=reinforce, quiet=True)
     run = result.run_dir
     config = json.loads((run / "config.json").read_text())
-    assert config["steps"] == 3 and config["model_config"]["hidden_size"] == 32
+    assert config["run"]["steps"] == 3 and config["model_config"]["hidden_size"] == 32
     rows = read_metrics(run)
     assert [row["step"] for row in rows] == [1, 2, 3]
     for key in [
@@ -133,8 +133,8 @@ def test_resume_truncates_metrics_past_the_checkpoint(tmp_path, reinforce):
 class Poisoned(SFT):
     """SFT whose loss is NaN: the run must stop before saving it."""
 
-    def loss(self, model, batch):
-        loss, metrics = super().loss(model, batch)
+    def loss(self, outputs, batch):
+        loss, metrics = super().loss(outputs, batch)
         return loss * float("nan"), metrics
 
 
@@ -187,12 +187,12 @@ def test_a_raising_reward_stops_the_run_naming_task_and_sample(tmp_path, reinfor
     ("changes", "message"),
     [
         ({"group": 1}, "--group must be >= 2"),
-        ({"steps": 0}, "--steps must be > 0"),
-        ({"prompts": -1}, "--prompts must be > 0"),
+        ({"steps": 0}, "--steps must be >= 1"),
+        ({"prompts": -1}, "--prompts must be >= 1"),
         ({"lr": 0.0}, "--lr must be > 0"),
         ({"devices": 2}, "--devices must be in"),
         ({"micro_batches": 3}, "--micro-batches .* must divide --prompts"),
-        ({"model": "huge"}, "unknown --model 'huge'"),
+        ({"model": "huge"}, "--model 'huge' is neither a built-in model"),
         ({"task": "juggle"}, "unknown task 'juggle'; available: add, copy, .*reverse"),
         ({"objective": "nope"}, "unknown objective 'nope'; available: .*sft"),
     ],

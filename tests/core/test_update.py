@@ -15,10 +15,13 @@ from dew.models.registry import SIZES
 from dew.objectives.sft import SFT
 from dew.rollout import rollout
 from dew.tasks import get_task
-from dew.update import (
+from dew.train.config import OptimizerOptions, UpdateOptions
+from dew.train.update import (
+    UpdateSpec,
     combined_gradient,
     make_update,
     optimizer,
+    outputs_of,
     rollout_fields,
     split_micro_batches,
 )
@@ -36,10 +39,19 @@ def setup():
 
 
 def run_update(graphdef, params, batch, objective, micro_batches, updates=2):
-    tx = optimizer(1e-3)
-    update = make_update(graphdef, objective, tx, updates=updates, micro_batches=micro_batches)
+    options = OptimizerOptions(lr=1e-3)
+    update = make_update(
+        UpdateSpec(graphdef, objective, options, UpdateOptions(updates, micro_batches))
+    )
     params = jax.tree.map(jnp.array, params)  # a fresh copy: the update donates its inputs
-    return update(params, tx.init(params), None, batch)
+    return update(params, optimizer(options).init(params), None, batch)
+
+
+def loss_of(graphdef, objective):
+    def loss(params, batch):
+        return objective.loss(outputs_of(graphdef, params, batch, False), batch)
+
+    return loss
 
 
 @pytest.mark.parametrize("objective", ["sft", "reinforce"])
@@ -47,7 +59,11 @@ def test_micro_batches_combine_into_the_whole_batch_gradient(setup, objective, r
     graphdef, params, batch = setup
     chosen = SFT() if objective == "sft" else reinforce
     filled = chosen.prepare(rollout_fields(graphdef, params, None, batch, chosen))
-    gradient = jax.jit(lambda micro: combined_gradient(graphdef, chosen, params, micro))
+    gradient = jax.jit(
+        lambda micro: combined_gradient(
+            loss_of(graphdef, chosen), chosen.loss_weight, params, micro
+        )
+    )
     whole, whole_metrics = gradient(split_micro_batches(filled, 1))
     for count in (2, 4):
         parts, metrics = gradient(split_micro_batches(filled, count))
@@ -71,14 +87,14 @@ def test_one_and_two_micro_batches_give_the_same_params(setup, objective, reinfo
 def test_a_mean_of_means_would_differ(setup):
     """The exact combination matters here: the micro-batches hold different token counts."""
     graphdef, params, batch = setup
-    model = nnx.merge(graphdef, params)
+    loss = loss_of(graphdef, SFT())
     micro = split_micro_batches(batch, 2)
     halves = [jax.tree.map(lambda x, k=k: x[k], micro) for k in range(2)]
-    losses = [SFT().loss(model, half)[0] for half in halves]
+    losses = [loss(params, half)[0] for half in halves]
     weights = [SFT().loss_weight(half) for half in halves]
     exact = sum(w * x for w, x in zip(weights, losses, strict=True)) / sum(weights)
     assert weights[0] != weights[1]
-    np.testing.assert_allclose(exact, SFT().loss(model, batch)[0], rtol=1e-6)
+    np.testing.assert_allclose(exact, loss(params, batch)[0], rtol=1e-6)
     assert abs(float(sum(losses) / 2 - exact)) > 1e-6
 
 
@@ -105,8 +121,8 @@ def test_a_nan_loss_is_reported_not_hidden(setup):
     graphdef, params, batch = setup
 
     class Broken(SFT):
-        def loss(self, model, batch):
-            loss, metrics = super().loss(model, batch)
+        def loss(self, outputs, batch):
+            loss, metrics = super().loss(outputs, batch)
             return loss * jnp.nan, metrics
 
     _, _, metrics = run_update(graphdef, params, batch, Broken(), 1, updates=1)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objectives.rl import DPO, GRPO, PPO, RLOO
 
 
@@ -17,26 +18,31 @@ def batch(model, make_batch):
     return make_batch(model)
 
 
-def test_grpo_with_a_kl_term_needs_reference_log_probs(model, batch):
+@pytest.fixture
+def outputs(model, batch) -> PolicyOutputs:
+    return policy_outputs(model, batch.tokens, batch.completion_mask)
+
+
+def test_grpo_with_a_kl_term_needs_reference_log_probs(outputs, batch):
     objective = GRPO(beta=0.04)
     prepared = objective.prepare(batch.replace(ref_log_probs=None))
     with pytest.raises(ValueError, match=r"objective 'grpo' needs batch field\(s\) ref_log_probs"):
-        objective.loss(model, prepared)
-    GRPO(beta=0.0).loss(model, GRPO(beta=0.0).prepare(batch.replace(ref_log_probs=None)))
+        objective.loss(outputs, prepared)
+    GRPO(beta=0.0).loss(outputs, GRPO(beta=0.0).prepare(batch.replace(ref_log_probs=None)))
 
 
-def test_policy_gradients_need_the_rollout_log_probs(model, batch):
+def test_policy_gradients_need_the_rollout_log_probs(outputs, batch):
     objective = RLOO()
     with pytest.raises(ValueError, match=r"objective 'rloo' needs batch field.*old_log_probs"):
-        objective.loss(model, objective.prepare(batch.replace(old_log_probs=None)))
+        objective.loss(outputs, objective.prepare(batch.replace(old_log_probs=None)))
     with pytest.raises(ValueError, match=r"needs batch field.*advantages"):
-        objective.loss(model, batch)
+        objective.loss(outputs, batch)
 
 
-def test_tis_needs_behavior_log_probs(model, batch):
+def test_tis_needs_behavior_log_probs(outputs, batch):
     objective = GRPO(tis_cap=2.0)
     with pytest.raises(ValueError, match="behavior_log_probs"):
-        objective.loss(model, objective.prepare(batch.replace(behavior_log_probs=None)))
+        objective.loss(outputs, objective.prepare(batch.replace(behavior_log_probs=None)))
 
 
 def test_ppo_needs_values(batch):
@@ -46,7 +52,7 @@ def test_ppo_needs_values(batch):
         PPO(kl_coef=0.1).prepare(batch.replace(ref_log_probs=None))
 
 
-def test_dpo_needs_whole_pairs(model, make_batch):
+def test_dpo_needs_whole_pairs(model, outputs, make_batch):
     odd = make_batch(model, 2)
     odd = odd.replace(
         **{
@@ -66,7 +72,7 @@ def test_dpo_needs_whole_pairs(model, make_batch):
     with pytest.raises(ValueError, match=r"objective 'dpo' needs chosen/rejected pairs.*7 rows"):
         DPO().prepare(odd)
     with pytest.raises(ValueError, match="ref_log_probs"):
-        DPO().loss(model, make_batch(model, 2).replace(ref_log_probs=None))
+        DPO().loss(outputs, make_batch(model, 2).replace(ref_log_probs=None))
 
 
 def test_a_batch_that_does_not_divide_into_groups_is_refused(batch):

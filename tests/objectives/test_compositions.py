@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dew.models.outputs import log_probs, log_probs_and_values
+from dew.models.outputs import log_probs, log_probs_and_values, policy_outputs
 from dew.objective import load_objective
 from dew.objectives.rl import DAPO, DPO, GRPO, GSPO, PPO, RLOO, DrGRPO
 from dew.rl import (
@@ -31,6 +31,7 @@ from dew.rl import (
     token_log_ratio,
     token_mean,
 )
+from dew.rollout import Preferences
 
 GROUP = 4
 
@@ -131,6 +132,12 @@ def dpo_twin(model, batch):
     )
 
 
+def outputs(model, batch, objective):
+    """What the update hands `objective.loss`: the policy's outputs on the batch."""
+    mask, segments = batch.completion_mask, batch.segments
+    return policy_outputs(model, batch.tokens, mask, segments, values=objective.needs_values)
+
+
 CASES = {
     "grpo": (GRPO(), grpo_twin, False, GROUP),
     "grpo_no_kl_no_dual": (
@@ -155,7 +162,8 @@ def test_the_objective_is_its_composition(name, make_model, make_batch):
     objective, twin, value_head, group = CASES[name]
     model = make_model(value_head)
     batch = make_batch(model, group)
-    loss, metrics = objective.loss(model, objective.prepare(batch))
+    prepared = objective.prepare(batch)
+    loss, metrics = objective.loss(outputs(model, prepared, objective), prepared)
     expected = twin(model, batch)
     np.testing.assert_allclose(float(loss), float(expected), rtol=1e-6, atol=1e-7)
     assert all(jnp.shape(v) == () for v in metrics.values()), metrics
@@ -169,7 +177,7 @@ def test_the_gradient_is_finite_and_nonzero(name, make_model, make_batch):
     graphdef, params = nnx.split(model)
 
     def loss(params):
-        return objective.loss(nnx.merge(graphdef, params), batch)[0]
+        return objective.loss(outputs(nnx.merge(graphdef, params), batch, objective), batch)[0]
 
     grads = jax.tree.leaves(jax.grad(loss)(params))
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
@@ -198,7 +206,7 @@ def test_hyperparameters_are_keyword_fields_with_the_papers_defaults():
     assert (DAPO().overlong_max_length, DAPO().overlong_buffer) == (20480, 4096)
     assert (GSPO().epsilon_low, GSPO().epsilon_high, GSPO().dual_clip) == (3e-4, 4e-4, None)
     assert DrGRPO().beta == 0.0 and not DrGRPO().needs_reference
-    assert DPO().beta == 0.1 and DPO().data == "preferences"
+    assert DPO().beta == 0.1 and DPO().source == Preferences()
     assert PPO().needs_values and not PPO().needs_reference and PPO(kl_coef=0.1).needs_reference
     assert load_objective("grpo", {"beta": 0.0, "tis_cap": 2.0}) == GRPO(beta=0.0, tis_cap=2.0)
 
@@ -221,9 +229,10 @@ def test_gspo_uses_packed_segments(make_model, make_batch):
     expected, _ = clipped_surrogate(
         ratio, packed.advantages, batch.completion_mask, 3e-4, 4e-4, None
     )
-    got, _ = GSPO().loss(model, packed)
+    got, _ = GSPO().loss(outputs(model, packed, GSPO()), packed)
     np.testing.assert_allclose(float(got), float(expected), rtol=1e-6)
-    unpacked, _ = GSPO().loss(model, GSPO().prepare(batch))
+    prepared = GSPO().prepare(batch)
+    unpacked, _ = GSPO().loss(outputs(model, prepared, GSPO()), prepared)
     assert abs(float(got) - float(unpacked)) > 1e-6
 
 
@@ -234,6 +243,6 @@ def test_dpo_accuracy_counts_pairs_whose_margin_is_positive(make_model, make_bat
     mask = batch.completion_mask
     sums = jnp.sum(jnp.where(mask, lp - batch.ref_log_probs, 0.0), axis=1)
     expected = float(jnp.mean(sums[0::2] - sums[1::2] > 0))
-    _, metrics = DPO().loss(model, batch)
+    _, metrics = DPO().loss(outputs(model, batch, DPO()), batch)
     assert float(metrics["accuracy"]) == expected
     assert 0.0 < expected < 1.0

@@ -5,6 +5,8 @@ the sampled mean reward, about 0.05 for the untrained policy, must rise clearly;
 to prefer the correct answers, and PPO's critic must learn the returns.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,13 +14,12 @@ import pytest
 from flax import nnx
 
 from dew import cli
-from dew.config import model_config
 from dew.models.llama import build
 from dew.models.outputs import log_probs_and_values
-from dew.objectives.rl import PPO
+from dew.models.registry import SIZES
 from dew.rollout import rollout
 from dew.tasks import Reverse
-from dew.trainer import TrainConfig, train
+from dew.train import TrainConfig, train
 
 TASK = Reverse(1, 3)
 SAMPLED = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "ppo"]
@@ -29,7 +30,7 @@ def short(tmp_path, objective: str, **changes) -> TrainConfig:
         "objective": objective, "model": "tiny", "prompts": 16, "group": 8, "steps": 40,
         "lr": 3e-3, "out": str(tmp_path / "run"), "checkpoint_every": 1000,
     }  # fmt: skip
-    return TrainConfig(**{**options, **changes})
+    return TrainConfig().replace(**{**options, **changes})
 
 
 def mean(rows, key) -> float:
@@ -76,7 +77,7 @@ def test_ppos_critic_learns_the_returns(tmp_path):
     assert mean(rows[-5:], "reward") > 3 * mean(rows[:3], "reward")
     # On completions of the trained policy, the trained critic against the untrained one.
     initial = nnx.to_pure_dict(
-        nnx.state(build(model_config(config, PPO(), Reverse(1, 1)), config.seed))
+        nnx.state(build(dataclasses.replace(SIZES["tiny"], value_head=True), config.run.seed))
     )
     prompts = Reverse(1, 1).prompts(np.random.default_rng(7), 16)
     key = jax.random.key(1)

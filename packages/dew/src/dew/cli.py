@@ -20,27 +20,6 @@ from dew.objective import available_objectives, objective_class
 
 __all__ = ["CommandError", "build_parser", "main", "parse_train", "train_parser"]
 
-TRAIN_FLAGS: list[tuple[str, type, str]] = [
-    ("objective", str, "the objective, by entry-point name"),
-    ("task", str, "the task, by name"),
-    ("steps", int, "total training steps (rollout + updates), counting resumed ones"),
-    ("prompts", int, "prompts per step"),
-    ("group", int, "completions per prompt"),
-    ("lr", float, "AdamW learning rate"),
-    ("seed", int, "seed of the weights, prompts and sampling"),
-    ("out", str, "run folder (default runs/<YYYYmmdd-HHMMSS>)"),
-    ("devices", int, "devices in the data-parallel mesh (default: all)"),
-    ("model", str, "model size: tiny, default or small"),
-    ("updates_per_rollout", int, "optimizer steps per rollout"),
-    ("micro_batches", int, "group-aligned micro-batches per optimizer step"),
-    ("checkpoint_every", int, "checkpoint every N steps (and at the end)"),
-    ("temperature", float, "sampling temperature"),
-    ("top_p", float, "nucleus sampling mass"),
-    ("weight_decay", float, "AdamW weight decay"),
-    ("max_grad_norm", float, "global gradient-norm clip"),
-    ("warmup", int, "optimizer steps of linear learning-rate warmup"),
-]
-
 
 class CommandError(Exception):
     """A user mistake on the command line; printed as one line, exit status 2."""
@@ -183,11 +162,56 @@ def task_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
+    """One flag per option of `TrainConfig` and its sections, help and defaults from the code.
+
+    A section's fields are flags of the same names (`rollout.top_p` is `--top-p`); booleans take
+    `--name` and `--no-name`.
+    """
+    from dew.train.config import SECTIONS, TrainConfig
+
+    described = field_help(TrainConfig)
+    for field in dataclasses.fields(TrainConfig):
+        if field.name in SECTIONS or field.name.endswith("_options"):
+            continue
+        _add_field(parser, field.name, str, described[field.name], getattr(defaults, field.name))
+    for section, cls in SECTIONS.items():
+        described = field_help(cls)
+        hints = typing.get_type_hints(cls)
+        group = parser.add_argument_group(f"{section} options")
+        for field in dataclasses.fields(cls):
+            default = getattr(getattr(defaults, section), field.name)
+            _add_field(group, field.name, hints[field.name], described[field.name], default)
+
+
+def _add_field(parser, name: str, annotation, text: str, default) -> None:
+    parse, is_bool = field_parser(annotation)
+    text = text.rstrip(".")
+    if is_bool:
+        default = "on" if default else "off"
+    shown = text if default is None or "(default" in text else f"{text} (default: {default})"
+    if is_bool:
+        parser.add_argument(
+            _flag(name),
+            action=argparse.BooleanOptionalAction,
+            default=argparse.SUPPRESS,
+            help=shown,
+        )
+    else:
+        parser.add_argument(
+            _flag(name),
+            type=parse,
+            default=argparse.SUPPRESS,
+            metavar={int: "N", float: "X"}.get(annotation, name.upper()),
+            help=shown,
+        )
+
+
 def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParser:
     """The parser of `dew train`, with the objective's flags when its class is known.
 
     Examples:
-      >>> from dew.config import TrainConfig
+      >>> from dew.train import TrainConfig
       >>> @dataclasses.dataclass(frozen=True)
       ... class Clipped:
       ...     epsilon: float = 0.2
@@ -202,35 +226,7 @@ def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParse
         "and reward.png to the run folder.",
         exit_on_error=False,
     )
-    for name, parse, text in TRAIN_FLAGS:
-        parser.add_argument(
-            _flag(name),
-            type=parse,
-            default=argparse.SUPPRESS,
-            metavar=name.upper(),
-            help=text
-            if getattr(defaults, name) is None
-            else f"{text} (default: {getattr(defaults, name)})",
-        )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="continue the run in --out (default: the newest in runs/) from its last checkpoint",
-    )
-    parser.add_argument(
-        "--fsdp",
-        action=argparse.BooleanOptionalAction,
-        default=argparse.SUPPRESS,
-        help="shard each parameter's largest axis over the devices (default: replicate)",
-    )
-    parser.add_argument(
-        "--kv-cache",
-        dest="kv_cache",
-        action=argparse.BooleanOptionalAction,
-        default=argparse.SUPPRESS,
-        help="sample with a KV cache (default: on)",
-    )
+    add_config_flags(parser, defaults)
     parser.add_argument(
         "--task-option",
         dest="task_options",
@@ -262,11 +258,11 @@ def parse_train(argv: list[str]):
     Examples:
       >>> config, quiet = parse_train(
       ...     ["--objective", "sft", "--steps", "3", "--task-option", "max_len=4", "--quiet"])
-      >>> config.objective, config.steps, config.task_options, config.prompts, quiet
+      >>> config.objective, config.run.steps, config.task_options, config.rollout.prompts, quiet
       ('sft', 3, {'max_len': 4}, 32, True)
     """
-    from dew.runlog import read_config
-    from dew.trainer import TrainConfig
+    from dew.train import TrainConfig
+    from dew.train.runlog import read_config
 
     defaults = TrainConfig()
     first = argparse.ArgumentParser(add_help=False)
@@ -278,7 +274,7 @@ def parse_train(argv: list[str]):
     if known.resume:
         run_dir = Path(known.out) if known.out else newest_run()
         try:
-            saved = read_config(run_dir)
+            saved = TrainConfig.from_record(read_config(run_dir)).flat()
         except FileNotFoundError as error:
             raise CommandError(f"--resume: {error}") from error
         saved["out"] = str(run_dir)
@@ -297,11 +293,10 @@ def parse_train(argv: list[str]):
     options.update({k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("objective.")})
     task_options = dict(saved.get("task_options", {}))
     task_options.update(dict(args.pop("task_options", [])))
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in saved.items() if k in fields}
-    values.update({k: v for k, v in args.items() if k in fields})
+    values = {k: v for k, v in saved.items() if not k.endswith("_options")}
+    values.update({k: v for k, v in args.items() if not k.startswith("objective.")})
     values.update(objective=name, objective_options=options, task_options=task_options)
-    return TrainConfig(**values), quiet
+    return defaults.replace(**values), quiet
 
 
 def command_train(argv: list[str]) -> int:
@@ -310,7 +305,7 @@ def command_train(argv: list[str]) -> int:
     from rich.console import Console
 
     from dew.rollout import RewardError
-    from dew.trainer import ConfigError, TrainingError, train
+    from dew.train import ConfigError, TrainingError, train
 
     console = Console()
     try:
@@ -339,10 +334,16 @@ def command_sample(argv: list[str]) -> int:
     """Run `dew sample`; the exit status."""
     parser = argparse.ArgumentParser(
         prog="dew sample",
-        description="Print prompts with the trained model's completions.",
+        description="Print prompts of a task with a model's completions: a trained run's "
+        "(--run) or a model as it is (--model).",
         exit_on_error=False,
     )
-    parser.add_argument("--run", required=True, help="the run folder")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", help="a run folder: its policy at the latest checkpoint")
+    source.add_argument(
+        "--model", help="a built-in model, smollm2, a checkpoint folder or a .gguf file"
+    )
+    parser.add_argument("--task", default="reverse", help="the task, with --model")
     parser.add_argument("--n", type=int, default=5, help="how many prompts (default: 5)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts (default: 0)")
@@ -352,14 +353,17 @@ def command_sample(argv: list[str]) -> int:
         raise CommandError(str(error)) from error
     if args.n <= 0 or args.temperature < 0:
         raise CommandError("--n must be > 0 and --temperature >= 0")
-    from dew.inference import load_run, sample_run
+    from dew.inference import load_run, model_run, sample_run
 
     try:
-        run = load_run(args.run)
+        run = load_run(args.run) if args.run else model_run(args.model, args.task)
     except (FileNotFoundError, ValueError) as error:
         raise CommandError(str(error)) from error
     decode = run.task.tokenizer.decode
-    print(f"run {args.run}, step {run.step}, task {run.task.name}")
+    if args.run:
+        print(f"run {args.run}, step {run.step}, task {run.task.name}")
+    else:
+        print(f"model {args.model}, task {run.task.name}")
     for prompt, completion, reward in sample_run(run, args.n, args.temperature, args.seed):
         print(f"{decode(prompt):>14}  {decode(completion):<12} reward {reward:.2f}")
     return 0
@@ -386,7 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="train a policy on a task (default: GRPO on reverse)", add_help=False
     )
     commands.add_parser(
-        "sample", help="print prompts with a trained run's completions", add_help=False
+        "sample",
+        help="print a task's prompts with a run's or a model's completions",
+        add_help=False,
     )
     return parser
 

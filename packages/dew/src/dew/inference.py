@@ -8,15 +8,17 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dew import rollout as rollouts
-from dew.checkpoint import Checkpoints
 from dew.models.llama import ModelConfig, build
-from dew.runlog import read_config
+from dew.models.registry import resolve_model
+from dew.rollout import rollout
 from dew.tasks import Task, get_task
+from dew.train.checkpoint import Checkpoints
+from dew.train.runlog import read_config
 
 __all__ = [
     "Run",
     "load_run",
+    "model_run",
     "sample_run",
 ]
 
@@ -39,10 +41,9 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
 
     Examples:
       >>> import shutil, tempfile
-      >>> from dew.config import TrainConfig
-      >>> from dew.trainer import train
+      >>> from dew.train import TrainConfig, train
       >>> out = tempfile.mkdtemp()
-      >>> config = TrainConfig(objective="sft", model="tiny", steps=1, prompts=2, out=out)
+      >>> config = TrainConfig(objective="sft", model="tiny").replace(steps=1, prompts=2, out=out)
       >>> _ = train(config, quiet=True)
       >>> run = load_run(out)
       >>> run.step, run.task.name, run.config["objective"]
@@ -51,7 +52,8 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
     """
     run_dir = Path(run_dir)
     config = read_config(run_dir)
-    task = get_task(config["task"], **config.get("task_options", {}))
+    tokenizer = resolve_model(config["model"]).tokenizer()
+    task = get_task(config["task"], tokenizer=tokenizer, **config.get("task_options", {}))
     graphdef, params = nnx.split(build(ModelConfig(**config["model_config"]), 0))
     checkpoints = Checkpoints(run_dir / "checkpoints")
     try:
@@ -62,6 +64,23 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
     finally:
         checkpoints.close()
     return Run(graphdef, params, task, config, step)
+
+
+def model_run(model: str, task: str = "reverse", seed: int = 0, **task_options) -> Run:
+    """A `Run` of model `model` as it is (a built-in size initialised from `seed`, or a
+    checkpoint) on task `task`, at step 0.
+
+    `ValueError` naming the model or the task when either is unknown.
+
+    Examples:
+      >>> run = model_run("tiny", "sort")
+      >>> run.step, run.task.name, run.config
+      (0, 'sort', {'model': 'tiny', 'task': 'sort'})
+    """
+    source = resolve_model(model)
+    task_instance = get_task(task, tokenizer=source.tokenizer(), **task_options)
+    graphdef, params = nnx.split(source.policy(seed))
+    return Run(graphdef, params, task_instance, {"model": model, "task": task}, 0)
 
 
 def sample_run(
@@ -83,7 +102,7 @@ def sample_run(
       True
     """
     prompts = run.task.prompts(np.random.default_rng([seed, 0xD15C]), n)
-    sampled = rollouts.rollout(
+    sampled = rollout(
         run.graphdef,
         run.params,
         run.task,

@@ -1,18 +1,21 @@
 """What an objective is, and how the trainer finds one by name.
 
-An objective turns a model and a `Batch` into a scalar loss. Core defines the protocol and ships a
-supervised objective (`dew.objectives.sft`); the RL objectives live in the `dew-objectives-rl`
-distribution. Core never imports them: every objective, core's own included, is registered under
-the entry-point group `dew.objectives` and loaded from there by name.
+An objective turns the policy's per-token outputs on a `Batch` into a scalar loss. Core defines
+the protocol and ships a supervised objective (`dew.objectives.sft`); the RL objectives live in
+the `dew-objectives-rl` distribution. Core never imports them: every objective, core's own
+included, is registered under the entry-point group `dew.objectives` and loaded from there by
+name.
 """
 
 from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 
 from dew.batch import Batch
+from dew.models.outputs import PolicyOutputs
+from dew.rollout.sources import BatchSource
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -24,29 +27,25 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "dew.objectives"
 
-Data = Literal["samples", "demonstrations", "preferences"]
-
 
 @runtime_checkable
 class Objective(Protocol):
-    """A loss over a `Batch`, plus what it needs the rollout to produce.
+    """A loss over the policy's outputs on a `Batch`, plus what it needs computed for it.
+
+    The update runs the policy once per micro-batch and hands the objective its `PolicyOutputs`
+    (log-probs, and values when `needs_values`), so an objective never runs the model itself.
 
     Attributes:
-      data: what the rows hold. `"samples"`: `group` completions per prompt drawn from the policy
-        and scored (the RL objectives). `"demonstrations"`: each prompt with the task's correct
-        completion (supervised fine-tuning). `"preferences"`: pairs on adjacent rows, the chosen
-        (correct) completion then a rejected one, `group = 2` (DPO).
+      source: the `BatchSource` its batches come from: `Sampled()` for RL objectives (group
+        completions per prompt drawn from the policy and scored), `DynamicSampling` (DAPO),
+        `Demonstrations()` (supervised fine-tuning), `Preferences()` (DPO).
       needs_reference: the trainer fills `batch.ref_log_probs` from a frozen copy of the initial
         policy.
-      needs_values: the policy carries a value head and the trainer fills `batch.values` with its
-        predictions at rollout time.
-
-    Optional attributes the trainer reads when present: `dynamic_sampling` (true: drop the groups
-    whose rewards are all equal and refill the batch from fresh rollouts, DAPO's dynamic
-    sampling) and `max_refills` (how many extra rollouts a step may draw for it).
+      needs_values: the policy carries a value head; the trainer fills `batch.values` with its
+        rollout-time predictions and the update passes the current ones in `outputs.values`.
     """
 
-    data: Data
+    source: BatchSource
     needs_reference: bool
     needs_values: bool
 
@@ -58,8 +57,8 @@ class Objective(Protocol):
         """
         ...
 
-    def loss(self, model: Any, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """The scalar loss of `model` on `batch` and a dict of scalar metrics."""
+    def loss(self, outputs: PolicyOutputs, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The scalar loss of the policy's `outputs` on `batch` and a dict of scalar metrics."""
         ...
 
     def loss_weight(self, batch: Batch) -> jax.Array:
@@ -108,7 +107,7 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
 
     Examples:
       >>> objective = load_objective("sft")
-      >>> objective, objective.data
-      (SFT(), 'demonstrations')
+      >>> objective, objective.source
+      (SFT(), Demonstrations())
     """
     return objective_class(name)(**(options or {}))

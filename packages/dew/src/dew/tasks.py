@@ -30,13 +30,14 @@ Examples:
   (1.0, 0.4)
 """
 
+import re
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from dew.tokenizers import DIGITS, DigitTokenizer
+from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -68,7 +69,7 @@ class Task(Protocol):
     """
 
     name: str
-    tokenizer: DigitTokenizer
+    tokenizer: Tokenizer
     max_prompt_len: int
     max_new_tokens: int
 
@@ -85,7 +86,7 @@ class Task(Protocol):
         ...
 
 
-def position_credit(answer: Sequence[int], completion: Sequence[int], eos: int) -> float:
+def position_credit(answer: Sequence, completion: Sequence, eos) -> float:
     """The positions where `completion`, cut after its first EOS, matches `answer`, as a fraction.
 
     `sum_i [c_i == a_i] / max(len(a), len(c))`: a completion that stops early misses the
@@ -101,8 +102,15 @@ def position_credit(answer: Sequence[int], completion: Sequence[int], eos: int) 
     completion = list(completion)
     if eos in completion:
         completion = completion[: completion.index(eos) + 1]
-    hits = sum(int(c) == int(a) for a, c in zip(answer, completion, strict=False))
+    hits = sum(c == a for a, c in zip(answer, completion, strict=False))
     return hits / max(len(answer), len(completion))
+
+
+END = "<end>"
+"""The end of a completion, as one position of its text (no character equals it)."""
+
+_DIGIT_PROMPT = re.compile(r"\^(\d+)>$")
+_ADD_PROMPT = re.compile(r"\^(\d+)\+(\d+)>$")
 
 
 class DigitTask:
@@ -110,22 +118,23 @@ class DigitTask:
 
     Subclasses set `name` and define `transform`. String lengths are uniform in
     `[min_len, max_len]`: three digits by default, which `dew train` learns in well under a
-    minute on a 2-core CPU (`dew train --task-option max_len=6` asks for more). The answer budget
-    `max_new_tokens` is the length of the transform of the longest string, plus EOS.
+    minute on a 2-core CPU (`dew train --task-option max_len=6` asks for more).
+
+    Prompts and answers are text, encoded with the model's tokenizer; the reward compares texts
+    character by character (`position_credit`), the completion's end (its EOS token) counting as
+    one position. On the digit vocabulary, one character per token, that is the comparison of the
+    tokens themselves. Token budgets are character counts, which no tokenizer exceeds: the
+    prompt's (plus the tokenizer's own start token, if it adds one) and the longest answer's
+    plus EOS.
     """
 
     name = "digits"
 
-    def __init__(self, min_len: int = 3, max_len: int = 3, tokenizer: DigitTokenizer = DIGITS):
+    def __init__(self, min_len: int = 3, max_len: int = 3, tokenizer: Tokenizer = DIGITS):
         if not 1 <= min_len <= max_len:
             raise ValueError(f"need 1 <= min_len <= max_len, got {min_len} and {max_len}")
-        if not isinstance(tokenizer, DigitTokenizer):
-            raise ValueError(
-                f"task {self.name!r} writes digit strings and needs the digit tokenizer of the "
-                "built-in models (tiny, default, small)"
-            )
         self.min_len, self.max_len, self.tokenizer = min_len, max_len, tokenizer
-        self.max_prompt_len = max_len + 2
+        self.max_prompt_len = max_len + 2 + len(tokenizer.encode(""))
         self.max_new_tokens = len(self.transform([0] * max_len)) + 1
 
     def transform(self, digits: list[int]) -> list[int]:
@@ -133,27 +142,37 @@ class DigitTask:
         raise NotImplementedError
 
     def prompts(self, rng: np.random.Generator, n: int) -> list[list[int]]:
-        tok = self.tokenizer
         lengths = rng.integers(self.min_len, self.max_len + 1, size=n)
-        return [
-            [tok.bos, *(tok.digit(int(d)) for d in rng.integers(0, 10, size=length)), tok.sep]
+        texts = [
+            "^" + "".join(str(int(d)) for d in rng.integers(0, 10, size=length)) + ">"
             for length in lengths
         ]
+        return [self.tokenizer.encode(text) for text in texts]
 
     def digits(self, prompt: Sequence[int]) -> list[int]:
-        """The digit values of `prompt` (between BOS and the separator)."""
-        tok = self.tokenizer
-        body = list(prompt)
-        if not body or body[0] != tok.bos or body[-1] != tok.sep:
-            raise ValueError(f"not a {self.name} prompt: {tok.decode(body)!r}")
-        return [tok.value(t) for t in body[1:-1]]
+        """The digit values of `prompt` (between `^` and `>`)."""
+        text = self.tokenizer.decode(prompt)
+        match = _DIGIT_PROMPT.search(text)
+        if match is None:
+            raise ValueError(f"not a {self.name} prompt: {text!r}")
+        return [int(c) for c in match[1]]
+
+    def answer_text(self, prompt: Sequence[int]) -> str:
+        """The correct answer to `prompt`, as text without EOS."""
+        return "".join(str(d) for d in self.transform(self.digits(prompt)))
 
     def answer(self, prompt: Sequence[int]) -> list[int]:
-        tok = self.tokenizer
-        return [*(tok.digit(d) for d in self.transform(self.digits(prompt))), tok.eos_token_id]
+        """The correct completion of `prompt`: the answer's tokens, then EOS."""
+        return [*self.tokenizer.encode(self.answer_text(prompt)), self.tokenizer.eos_token_id]
 
     def reward(self, prompt: Sequence[int], completion: Sequence[int]) -> float:
-        return position_credit(self.answer(prompt), completion, self.tokenizer.eos_token_id)
+        eos = self.tokenizer.eos_token_id
+        completion = list(completion)
+        finished = eos in completion
+        if finished:
+            completion = completion[: completion.index(eos)]
+        written = [*self.tokenizer.decode(completion), *([END] if finished else [])]
+        return position_credit([*self.answer_text(prompt), END], written, END)
 
 
 class Reverse(DigitTask):
@@ -188,33 +207,31 @@ class Add(DigitTask):
 
     name = "add"
 
-    def __init__(self, max_digits: int = 3, tokenizer: DigitTokenizer = DIGITS):
+    def __init__(self, max_digits: int = 3, tokenizer: Tokenizer = DIGITS):
         super().__init__(min_len=1, max_len=max_digits, tokenizer=tokenizer)
-        self.max_prompt_len = 2 * max_digits + 3
+        self.max_prompt_len = 2 * max_digits + 3 + len(tokenizer.encode(""))
         self.max_new_tokens = max_digits + 2
 
     def transform(self, digits):
         return list(digits)
 
     def prompts(self, rng, n):
-        tok = self.tokenizer
-        out = []
+        texts = []
         for _ in range(n):
             a, b = (str(self._number(rng)) for _ in range(2))
-            out.append([tok.bos, *tok.encode(a), tok.plus, *tok.encode(b), tok.sep])
-        return out
+            texts.append(f"^{a}+{b}>")
+        return [self.tokenizer.encode(text) for text in texts]
 
     def _number(self, rng) -> int:
         digits = int(rng.integers(1, self.max_len + 1))
         return int(rng.integers(0 if digits == 1 else 10 ** (digits - 1), 10**digits))
 
-    def answer(self, prompt):
-        tok = self.tokenizer
-        text = tok.decode(prompt)
-        if not (text.startswith("^") and text.endswith(">") and text.count("+") == 1):
+    def answer_text(self, prompt):
+        text = self.tokenizer.decode(prompt)
+        match = _ADD_PROMPT.search(text)
+        if match is None:
             raise ValueError(f"not an add prompt: {text!r}")
-        a, b = text[1:-1].split("+")
-        return [*tok.encode(str(int(a) + int(b))), tok.eos_token_id]
+        return str(int(match[1]) + int(match[2]))
 
 
 _REGISTRY: dict[str, Callable[[], Task]] = {
@@ -248,7 +265,7 @@ def available_tasks() -> list[str]:
     return sorted({*found, *_REGISTRY})
 
 
-def get_task(name: str, tokenizer: DigitTokenizer = DIGITS, **options) -> Task:
+def get_task(name: str, tokenizer: Tokenizer = DIGITS, **options) -> Task:
     """A fresh instance of the task registered as `name`, on `tokenizer`, built with `options`.
 
     `ValueError` listing the available tasks when `name` is unknown, or naming the bad option.

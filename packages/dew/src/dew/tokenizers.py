@@ -54,13 +54,13 @@ class DigitTokenizer:
     """
 
     def __init__(self, symbols: str = "_^$>+0123456789"):
+        if not {"_", "$"} <= set(symbols):
+            raise ValueError(f"symbols need `_` (PAD) and `$` (EOS), got {symbols!r}")
         if len(set(symbols)) != len(symbols):
             raise ValueError(f"symbols must be distinct, got {symbols!r}")
         self.symbols = symbols
         self._ids = {symbol: i for i, symbol in enumerate(symbols)}
-        self.pad_token_id, self.bos, self.eos_token_id, self.sep, self.plus = (
-            self._ids[c] for c in "_^$>+"
-        )
+        self.pad_token_id, self.eos_token_id = self._ids["_"], self._ids["$"]
 
     @property
     def vocab_size(self) -> int:
@@ -82,14 +82,6 @@ class DigitTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """Always `ValueError`: the digit vocabulary has no chat template."""
         raise ValueError("the digit tokenizer has no chat template")
-
-    def digit(self, value: int) -> int:
-        """The token id of decimal digit `value`."""
-        return self._ids[str(value)]
-
-    def value(self, token: int) -> int:
-        """The decimal digit that token `token` spells."""
-        return int(self.symbols[int(token)])
 
 
 DIGITS = DigitTokenizer()

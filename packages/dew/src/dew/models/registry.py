@@ -1,7 +1,7 @@
 """Model names: the built-in sizes, packaged checkpoints, and paths to checkpoints on disk.
 
-`resolve_model` turns what a user writes after `--model` into a `ModelSource`, and
-`ModelSource.load` into a policy and the tokenizer it reads and writes:
+`resolve_model` turns what a user writes after `--model` into a `ModelSource`, which gives the
+policy (`ModelSource.policy`) and the tokenizer it reads and writes (`ModelSource.tokenizer`):
 
 - a built-in size (`tiny`, `default`, `small`): a freshly initialised policy on the digit
   tokenizer, drawn from the run's seed;
@@ -71,23 +71,32 @@ class ModelSource:
     config: ModelConfig | None = None
     path: Path | None = None
 
-    def load(self, seed: int = 0, *, value_head: bool = False) -> tuple[Policy, Tokenizer]:
-        """The policy (with a zero-initialised value head when asked) and its tokenizer.
+    def policy(self, seed: int = 0, *, value_head: bool = False) -> Policy:
+        """The policy, with a zero-initialised value head when asked.
 
         Examples:
-          >>> policy, tokenizer = resolve_model("tiny").load(seed=0)
-          >>> policy.config.hidden_size, tokenizer.vocab_size
-          (32, 15)
+          >>> resolve_model("tiny").policy(seed=0).config.hidden_size
+          32
         """
         if self.config is not None:
-            config = dataclasses.replace(self.config, value_head=value_head)
-            return build(config, seed), DIGITS
+            return build(dataclasses.replace(self.config, value_head=value_head), seed)
         from dew import hf  # the checkpoint formats' libraries load only when a checkpoint does
 
         policy = hf.load_policy(self.path)
-        if value_head:
-            policy = hf.with_value_head(policy, seed)
-        return policy, hf.load_tokenizer(self.path)
+        return hf.with_value_head(policy, seed) if value_head else policy
+
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the policy reads and writes.
+
+        Examples:
+          >>> resolve_model("tiny").tokenizer().vocab_size
+          15
+        """
+        if self.config is not None:
+            return DIGITS
+        from dew import hf
+
+        return hf.load_tokenizer(self.path)
 
 
 def resolve_model(name: str) -> ModelSource:

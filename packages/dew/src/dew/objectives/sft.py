@@ -1,12 +1,14 @@
 """Supervised fine-tuning: token-mean cross-entropy on the task's correct completions."""
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from dew.batch import Batch
-from dew.models.outputs import log_probs
+from dew.models.outputs import PolicyOutputs
+from dew.rollout.sources import BatchSource, Demonstrations
 
 __all__ = ["SFT"]
 
@@ -20,24 +22,23 @@ class SFT:
     of the whole batch.
 
     Examples:
-      >>> SFT().data, SFT().needs_reference, SFT().needs_values
-      ('demonstrations', False, False)
+      >>> SFT().source, SFT().needs_reference, SFT().needs_values
+      (Demonstrations(), False, False)
     """
 
-    data = "demonstrations"
-    needs_reference = False
-    needs_values = False
+    source: ClassVar[BatchSource] = Demonstrations()
+    needs_reference: ClassVar[bool] = False
+    needs_values: ClassVar[bool] = False
 
     def prepare(self, batch: Batch) -> Batch:
         """The batch unchanged: cross-entropy needs nothing beyond the tokens."""
         return batch
 
-    def loss(self, model, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def loss(self, outputs: PolicyOutputs, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The token-mean negative log-likelihood and its metrics (`nll`, `tokens`)."""
         mask = batch.completion_mask
-        token_lp = log_probs(model, batch.tokens, mask)
         count = jnp.sum(mask)
-        nll = -jnp.sum(jnp.where(mask, token_lp, 0.0)) / count
+        nll = -jnp.sum(jnp.where(mask, outputs.log_probs, 0.0)) / count
         return nll, {"nll": nll, "tokens": count.astype(jnp.float32)}
 
     def loss_weight(self, batch: Batch) -> jax.Array:

@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 
 from dew.batch import Batch
-from dew.models.outputs import log_probs
+from dew.models.outputs import PolicyOutputs
 from dew.rl import preference_logsigmoid, preference_margins
+from dew.rollout.sources import BatchSource, Preferences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +30,7 @@ class DPO:
     """
 
     name: ClassVar[str] = "dpo"
-    data: ClassVar[str] = "preferences"
+    source: ClassVar[BatchSource] = Preferences()
     needs_reference: ClassVar[bool] = True
     needs_values: ClassVar[bool] = False
 
@@ -45,12 +46,12 @@ class DPO:
             )
         return batch
 
-    def loss(self, model, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def loss(self, outputs: PolicyOutputs, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The pair-mean DPO loss and its metrics."""
         batch.require("ref_log_probs", by=self.name)
         self.prepare(batch)
         mask = batch.completion_mask
-        policy = log_probs(model, batch.tokens, mask, batch.segments)
+        policy = outputs.log_probs
         pairs = (policy[0::2], policy[1::2], batch.ref_log_probs[0::2], batch.ref_log_probs[1::2])
         masks = (mask[0::2], mask[1::2])
         loss = preference_logsigmoid(*pairs, *masks, beta=self.beta)

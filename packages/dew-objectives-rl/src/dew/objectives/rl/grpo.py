@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.batch import Batch
-from dew.models.outputs import log_probs
+from dew.models.outputs import PolicyOutputs
 from dew.rl import (
     behavior_importance_weights,
     clipped_surrogate_terms,
@@ -23,6 +23,7 @@ from dew.rl import (
     token_log_ratio,
     token_mean,
 )
+from dew.rollout.sources import BatchSource, DynamicSampling, Sampled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,7 @@ class GRPO:
 
     1. `prepare`: `advantages = group_advantage(rewards, group)`, the reward standardised within
        its group (unbiased deviation, `GROUP_EPS`).
-    2. `loss`: `log_probs` of the batch under the policy; `token_log_ratio(log_probs,
+    2. `loss`: the policy's `log_probs` of the batch; `token_log_ratio(log_probs,
        old_log_probs)`; `clipped_surrogate_terms` with the per-row advantages; the terms reduced by
        `token_mean`, which makes the policy term exactly `clipped_surrogate`.
     3. With `beta > 0`: `+ beta * token_mean(k3_kl(log_probs, ref_log_probs), mask)`, the KL to a
@@ -51,7 +52,7 @@ class GRPO:
     """
 
     name: ClassVar[str] = "grpo"
-    data: ClassVar[str] = "samples"
+    source: ClassVar[BatchSource] = Sampled()
     needs_values: ClassVar[bool] = False
 
     epsilon_low: float = 0.2
@@ -85,14 +86,14 @@ class GRPO:
         """The batch with `advantages` filled in, from the whole batch's groups."""
         return batch.replace(advantages=self.advantages(batch))
 
-    def loss(self, model, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def loss(self, outputs: PolicyOutputs, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The clipped surrogate (plus `beta` times the KL) and its metrics."""
         needed = ["old_log_probs", "advantages"]
         needed += ["ref_log_probs"] if self.needs_reference else []
         needed += ["behavior_log_probs"] if self.tis_cap is not None else []
         batch.require(*needed, by=self.name)
         mask = batch.completion_mask
-        token_log_probs = log_probs(model, batch.tokens, mask, batch.segments)
+        token_log_probs = outputs.log_probs
         terms, metrics = clipped_surrogate_terms(
             self.log_ratio(token_log_probs, batch),
             batch.advantages,
@@ -175,9 +176,9 @@ class DAPO(GRPO):
     max_refills: int = 3
 
     @property
-    def dynamic_sampling(self) -> bool:
-        """True: the trainer keeps only groups whose rewards differ."""
-        return True
+    def source(self) -> BatchSource:
+        """Dynamic sampling: only groups whose rewards differ, refilled `max_refills` times."""
+        return DynamicSampling(self.max_refills)
 
     def advantages(self, batch: Batch) -> jax.Array:
         """`[B]` group advantages of the rewards after overlong shaping."""

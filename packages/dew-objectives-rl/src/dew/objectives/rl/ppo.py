@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.batch import Batch
-from dew.models.outputs import log_probs_and_values
+from dew.models.outputs import PolicyOutputs
 from dew.rl import (
     clipped_surrogate,
     clipped_value_loss_terms,
@@ -16,6 +16,7 @@ from dew.rl import (
     token_log_ratio,
     token_mean,
 )
+from dew.rollout.sources import BatchSource, Sampled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ class PPO:
     """
 
     name: ClassVar[str] = "ppo"
-    data: ClassVar[str] = "samples"
+    source: ClassVar[BatchSource] = Sampled()
     needs_values: ClassVar[bool] = True
 
     gamma: float = 1.0
@@ -71,11 +72,11 @@ class PPO:
         advantages, returns = gae(token_rewards, batch.values, mask, self.gamma, self.lam)
         return batch.replace(advantages=advantages, returns=returns)
 
-    def loss(self, model, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def loss(self, outputs: PolicyOutputs, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Policy loss plus `value_coef` times the value loss, and their metrics."""
         batch.require("values", "old_log_probs", "advantages", "returns", by=self.name)
         mask = batch.completion_mask
-        token_log_probs, values = log_probs_and_values(model, batch.tokens, mask, batch.segments)
+        token_log_probs, values = outputs.log_probs, outputs.values
         policy_loss, metrics = clipped_surrogate(
             token_log_ratio(token_log_probs, batch.old_log_probs),
             batch.advantages,

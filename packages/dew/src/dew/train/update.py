@@ -2,7 +2,8 @@
 
 Per call: the rollout-time log-probs (`old_log_probs`, and `ref_log_probs` or `values` when the
 objective asks), `objective.prepare` on the whole batch, then `updates` optimizer steps. Each step
-splits the batch into `micro_batches` group-aligned parts and combines their gradients as
+splits the batch into `micro_batches` group-aligned parts, runs the policy once per part
+(`policy_outputs`), hands the outputs to the objective's loss and combines the gradients as
 
     grad = sum_k w_k * grad(loss_k) / sum_k w_k,   w_k = objective.loss_weight(micro_batch_k)
 
@@ -10,30 +11,37 @@ which for a token-mean loss is the gradient of the whole batch's token mean, not
 means. All of it is one compiled function.
 """
 
+import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
 from dew.batch import Batch
-from dew.models.outputs import log_probs, log_probs_and_values
+from dew.mesh import param_shardings, replicated
+from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
 from dew.traces import count_trace
+from dew.train.config import OptimizerOptions, UpdateOptions
 
 __all__ = [
+    "UpdateSpec",
     "combined_gradient",
+    "compiled_update",
     "make_update",
     "optimizer",
+    "outputs_of",
     "rollout_fields",
     "split_micro_batches",
 ]
 
 
-def optimizer(
-    lr: float, weight_decay: float = 0.0, max_grad_norm: float = 1.0, warmup: int = 0
-) -> optax.GradientTransformation:
+def optimizer(options: OptimizerOptions) -> optax.GradientTransformation:
     """AdamW (arXiv:1711.05101) after clipping the global gradient norm to `max_grad_norm`.
 
     The learning rate rises linearly from 0 over the first `warmup` optimizer steps.
@@ -41,20 +49,21 @@ def optimizer(
     Reference: optax `clip_by_global_norm` chained with `adamw`.
 
     Examples:
-      >>> tx = optimizer(1e-2)
+      >>> tx = optimizer(OptimizerOptions(lr=1e-2))
       >>> params, grads = {"w": jnp.ones(2)}, {"w": jnp.array([0.5, -0.5])}
       >>> step, _ = tx.update(grads, tx.init(params), params)
       >>> print(step["w"])  # Adam's first step: -lr * sign(grad)
       [-0.01  0.01]
-      >>> warm = optimizer(1e-2, warmup=10)
+      >>> warm = optimizer(OptimizerOptions(lr=1e-2, warmup=10))
       >>> step, _ = warm.update(grads, warm.init(params), params)
       >>> float(jnp.abs(step["w"]).max())  # the learning rate starts at 0
       0.0
     """
+    lr, warmup = options.lr, options.warmup
     schedule = optax.linear_schedule(0.0, lr, warmup) if warmup > 0 else lr
     return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay),
+        optax.clip_by_global_norm(options.max_grad_norm),
+        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=options.weight_decay),
     )
 
 
@@ -83,15 +92,21 @@ def split_micro_batches(batch: Batch, count: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
+def outputs_of(graphdef: nnx.GraphDef, params, batch: Batch, values: bool) -> PolicyOutputs:
+    """`policy_outputs` of the policy `(graphdef, params)` on `batch`'s completion tokens."""
+    model = nnx.merge(graphdef, params)
+    return policy_outputs(model, batch.tokens, batch.completion_mask, batch.segments, values=values)
+
+
 def rollout_fields(graphdef, params, ref_params, batch: Batch, objective: Objective) -> Batch:
     """`batch` with `old_log_probs` (and `ref_log_probs`, `values` when asked) filled, detached.
 
     Examples:
       >>> import numpy as np
-      >>> from dew.models.registry import SIZES
       >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
       >>> from dew.objectives.sft import SFT
-      >>> from dew.rollout import demonstrations
+      >>> from dew.rollout.sources import demonstrations
       >>> from dew.tasks import get_task
       >>> task = get_task("reverse")
       >>> batch = demonstrations(task, task.prompts(np.random.default_rng(0), 2))
@@ -103,60 +118,51 @@ def rollout_fields(graphdef, params, ref_params, batch: Batch, objective: Object
       >>> filled.ref_log_probs is None, filled.values is None  # SFT asks for neither
       (True, True)
     """
-    model = nnx.merge(graphdef, params)
-    mask = batch.completion_mask
-    if objective.needs_values:
-        old, values = log_probs_and_values(model, batch.tokens, mask, batch.segments)
-        batch = batch.replace(values=jax.lax.stop_gradient(values))
-    else:
-        old = log_probs(model, batch.tokens, mask, batch.segments)
-    batch = batch.replace(old_log_probs=jax.lax.stop_gradient(old))
+    outputs = jax.lax.stop_gradient(outputs_of(graphdef, params, batch, objective.needs_values))
+    batch = batch.replace(old_log_probs=outputs.log_probs, values=outputs.values)
     if objective.needs_reference:
-        ref = log_probs(nnx.merge(graphdef, ref_params), batch.tokens, mask, batch.segments)
-        batch = batch.replace(ref_log_probs=jax.lax.stop_gradient(ref))
+        reference = outputs_of(graphdef, ref_params, batch, values=False)
+        batch = batch.replace(ref_log_probs=jax.lax.stop_gradient(reference.log_probs))
     return batch
 
 
-def combined_gradient(graphdef: nnx.GraphDef, objective: Objective, params, micro: Batch):
+def combined_gradient(
+    loss_of: Callable[[Any, Batch], tuple[jax.Array, dict[str, jax.Array]]],
+    weight_of: Callable[[Batch], jax.Array],
+    params,
+    micro: Batch,
+):
     """The gradient and metrics of the whole batch from its micro-batches `micro` (`[K, ...]`).
 
-    `grad = sum_k w_k grad(loss_k) / sum_k w_k` with `w_k = objective.loss_weight(micro_k)`, and
-    each metric combined the same way; the micro-batches run one after another (`lax.scan`), so
-    only one micro-batch's activations are alive at a time. A micro-batch of weight 0 adds
-    nothing (selected out with `jnp.where`, so its NaN loss cannot leak in).
+    `grad = sum_k w_k grad(loss_k) / sum_k w_k` with `loss_k, metrics_k = loss_of(params,
+    micro_k)` and `w_k = weight_of(micro_k)`, each metric combined the same way; the micro-batches
+    run one after another (`lax.scan`), so only one micro-batch's activations are alive at a
+    time. A micro-batch of weight 0 adds nothing (selected out with `jnp.where`, so its NaN loss
+    cannot leak in).
 
     Examples:
       A one-parameter model fitting the completion tokens, its loss a token mean: two rows of
       3 and 1 completion tokens, one per micro-batch, give the gradient of the mean over all 4
       tokens, `2 * (0 - 2.5) = -5`, not the mean of the rows' gradients, `(-4 - 8) / 2 = -6`.
 
-      >>> class Scalar(nnx.Module):
-      ...     def __init__(self):
-      ...         self.w = nnx.Param(jnp.float32(0.0))
-      >>> class Fit:  # token mean of (w - token)^2 over the completions
-      ...     def loss(self, model, batch):
-      ...         mask, terms = batch.completion_mask, (model.w[...] - batch.tokens) ** 2
-      ...         return jnp.sum(jnp.where(mask, terms, 0.0)) / jnp.sum(mask), {}
-      ...     def loss_weight(self, batch):
-      ...         return jnp.sum(batch.completion_mask)
+      >>> def loss_of(params, batch):  # token mean of (w - token)^2 over the completions
+      ...     mask, terms = batch.completion_mask, (params["w"] - batch.tokens) ** 2
+      ...     return jnp.sum(jnp.where(mask, terms, 0.0)) / jnp.sum(mask), {}
+      >>> def weight_of(batch):
+      ...     return jnp.sum(batch.completion_mask)
       >>> mask = jnp.array([[True, True, True], [True, False, False]])
       >>> tokens = jnp.array([[1, 2, 3], [4, 5, 6]])
       >>> batch = Batch(tokens, ~mask, mask, jnp.zeros((2, 3)), jnp.zeros(2), group=1)
-      >>> graphdef, params = nnx.split(Scalar())
       >>> micro = split_micro_batches(batch, 2)
-      >>> grads, metrics = combined_gradient(graphdef, Fit(), params, micro)
-      >>> float(grads["w"][...]), float(metrics["loss"])
+      >>> grads, metrics = combined_gradient(loss_of, weight_of, {"w": 0.0}, micro)
+      >>> float(grads["w"]), float(metrics["loss"])
       (-5.0, 7.5)
     """
-
-    def loss_fn(params, micro_batch):
-        return objective.loss(nnx.merge(graphdef, params), micro_batch)
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
     def accumulate(acc, micro_batch):
         (loss, metrics), grads = grad_fn(params, micro_batch)
-        weight = jnp.asarray(objective.loss_weight(micro_batch), jnp.float32)
+        weight = jnp.asarray(weight_of(micro_batch), jnp.float32)
         keep = weight > 0
         grad_sum, weight_sum, sums = acc
         grad_sum = jax.tree.map(lambda a, g: a + jnp.where(keep, weight * g, 0.0), grad_sum, grads)
@@ -164,7 +170,7 @@ def combined_gradient(graphdef: nnx.GraphDef, objective: Objective, params, micr
         sums = {k: sums[k] + jnp.where(keep, weight * terms[k], 0.0) for k in sums}
         return (grad_sum, weight_sum + weight, sums), None
 
-    metric_names = ["loss", *jax.eval_shape(loss_fn, params, _first(micro))[1]]
+    metric_names = ["loss", *jax.eval_shape(loss_of, params, _first(micro))[1]]
     zero = (
         jax.tree.map(jnp.zeros_like, params),
         jnp.float32(0),
@@ -175,45 +181,66 @@ def combined_gradient(graphdef: nnx.GraphDef, objective: Objective, params, micr
     return grads, {k: v / weight_sum for k, v in sums.items()}
 
 
-def make_update(
-    graphdef: nnx.GraphDef,
-    objective: Objective,
-    tx: optax.GradientTransformation,
-    *,
-    updates: int,
-    micro_batches: int,
-    out_shardings=None,
-):
+@dataclasses.dataclass(frozen=True)
+class UpdateSpec:
+    """Everything a compiled update depends on; hashable, so compiled updates are reused by it.
+
+    Attributes:
+      graphdef: the policy's structure (`nnx.split`).
+      objective: the objective (a frozen dataclass hashes by its hyperparameters).
+      optimizer: AdamW's settings.
+      update: optimizer steps and micro-batches per rollout.
+      mesh: the device mesh the outputs are laid out on, or None (JAX's default placement).
+      fsdp: params and optimizer state sharded over the mesh (`dew.mesh.param_shardings`).
+    """
+
+    graphdef: nnx.GraphDef
+    objective: Objective
+    optimizer: OptimizerOptions
+    update: UpdateOptions
+    mesh: Mesh | None = None
+    fsdp: bool = False
+
+
+def make_update(spec: UpdateSpec):
     """The jitted `update(params, opt_state, ref_params, batch) -> (params, opt_state, metrics)`.
 
     `metrics` holds `loss`, `grad_norm` and the objective's metrics, each the mean over the
-    `updates` steps of the weighted micro-batch mean, and `finite`, true when every loss was.
-    `out_shardings` (for params, opt_state and metrics) pins the outputs' layout.
+    `updates_per_rollout` steps of the weighted micro-batch mean, and `finite`, true when every
+    loss was. With `spec.mesh`, params and optimizer state come out laid out as
+    `param_shardings` lays them and the metrics replicated.
 
     Examples:
       >>> import numpy as np
-      >>> from dew.models.registry import SIZES
       >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
       >>> from dew.objectives.sft import SFT
-      >>> from dew.rollout import demonstrations
+      >>> from dew.rollout.sources import demonstrations
       >>> from dew.tasks import get_task
       >>> task = get_task("reverse")
       >>> batch = demonstrations(task, task.prompts(np.random.default_rng(0), 2))
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> params = nnx.to_pure_dict(params)
-      >>> tx = optimizer(1e-2)
-      >>> update = make_update(graphdef, SFT(), tx, updates=2, micro_batches=1)
-      >>> params, opt_state, first = update(params, tx.init(params), None, batch)
+      >>> options = OptimizerOptions(lr=1e-2)
+      >>> update = make_update(UpdateSpec(graphdef, SFT(), options, UpdateOptions()))
+      >>> opt_state = optimizer(options).init(params)
+      >>> params, opt_state, first = update(params, opt_state, None, batch)
       >>> sorted(first), bool(first["finite"])
       (['finite', 'grad_norm', 'loss', 'nll', 'tokens'], True)
       >>> params, opt_state, second = update(params, opt_state, None, batch)
       >>> bool(second["loss"] < first["loss"])  # the same rows, learned
       True
     """
+    graphdef, objective = spec.graphdef, spec.objective
+    tx = optimizer(spec.optimizer)
+
+    def loss_of(params, micro_batch):
+        outputs = outputs_of(graphdef, params, micro_batch, objective.needs_values)
+        return objective.loss(outputs, micro_batch)
 
     def one_step(carry, _, micro):
         params, opt_state = carry
-        grads, metrics = combined_gradient(graphdef, objective, params, micro)
+        grads, metrics = combined_gradient(loss_of, objective.loss_weight, params, micro)
         step_updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, step_updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
@@ -222,16 +249,48 @@ def make_update(
     def update(params, opt_state, ref_params, batch):
         count_trace("update")
         batch = objective.prepare(rollout_fields(graphdef, params, ref_params, batch, objective))
-        micro = split_micro_batches(batch, micro_batches)
+        micro = split_micro_batches(batch, spec.update.micro_batches)
         step = functools.partial(one_step, micro=micro)
-        (params, opt_state), history = jax.lax.scan(step, (params, opt_state), None, length=updates)
+        (params, opt_state), history = jax.lax.scan(
+            step, (params, opt_state), None, length=spec.update.updates_per_rollout
+        )
         metrics = {k: jnp.mean(v) for k, v in history.items()}
         metrics["finite"] = jnp.all(jnp.isfinite(history["loss"]))
         return params, opt_state, metrics
 
-    if out_shardings is None:
+    if spec.mesh is None:
         return jax.jit(update, donate_argnums=(0, 1))
-    return jax.jit(update, out_shardings=out_shardings, donate_argnums=(0, 1))
+    compiled = None
+
+    def laid_out_update(params, opt_state, ref_params, batch):
+        nonlocal compiled
+        if compiled is None:  # the layouts follow the first call's trees
+            shardings = (
+                param_shardings(params, spec.mesh, spec.fsdp),
+                param_shardings(opt_state, spec.mesh, spec.fsdp),
+                replicated(spec.mesh),
+            )
+            compiled = jax.jit(update, out_shardings=shardings, donate_argnums=(0, 1))
+        return compiled(params, opt_state, ref_params, batch)
+
+    return laid_out_update
+
+
+_COMPILED: dict[UpdateSpec, Callable] = {}
+
+
+def compiled_update(spec: UpdateSpec) -> Callable:
+    """`make_update(spec)`, reused across runs of the same spec in one process.
+
+    An objective that cannot be hashed (a plain class with mutable state) gets a fresh update.
+    """
+    try:
+        cached = _COMPILED.get(spec)
+    except TypeError:
+        return make_update(spec)
+    if cached is None:
+        cached = _COMPILED[spec] = make_update(spec)
+    return cached
 
 
 def _first(micro: Batch) -> Batch:

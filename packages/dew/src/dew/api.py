@@ -1,0 +1,68 @@
+"""Dew's public surface: the names a user of the core needs, from one import.
+
+`from dew.api import train, TrainConfig` and the rest. Every other module's `__all__` documents
+its room for readers of the code; the names here are the ones that stay stable.
+
+Examples:
+  >>> from dew.api import TrainConfig, load_objective
+  >>> TrainConfig().replace(steps=10).run.steps, load_objective("sft")
+  (10, SFT())
+"""
+
+from dew.batch import Batch
+from dew.inference import load_run, model_run, sample_run
+from dew.models import CausalLM
+from dew.models.outputs import PolicyOutputs
+from dew.models.registry import resolve_model
+from dew.objective import Objective, available_objectives, load_objective
+from dew.rollout import (
+    BatchSource,
+    Demonstrations,
+    DynamicSampling,
+    Preferences,
+    RewardError,
+    Rollout,
+    Sampled,
+    rollout,
+)
+from dew.sampling import sample
+from dew.tasks import DigitTask, Task, available_tasks, get_task, register_task
+from dew.tokenizers import Tokenizer
+from dew.train import ConfigError, TrainConfig, TrainingError, TrainResult, train
+from dew.train.callbacks import Callback
+from dew.train.trainer import Trainer
+
+__all__ = [
+    "Batch",
+    "BatchSource",
+    "Callback",
+    "CausalLM",
+    "ConfigError",
+    "Demonstrations",
+    "DigitTask",
+    "DynamicSampling",
+    "Objective",
+    "PolicyOutputs",
+    "Preferences",
+    "RewardError",
+    "Rollout",
+    "Sampled",
+    "Task",
+    "Tokenizer",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "TrainingError",
+    "available_objectives",
+    "available_tasks",
+    "get_task",
+    "load_objective",
+    "load_run",
+    "model_run",
+    "register_task",
+    "resolve_model",
+    "rollout",
+    "sample",
+    "sample_run",
+    "train",
+]

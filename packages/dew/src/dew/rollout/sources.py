@@ -1,0 +1,376 @@
+"""Batch sources: where a step's training batch comes from, behind one protocol.
+
+Every step samples a rollout of its prompts (its rewards are the run's metric); the objective's
+`source` then builds the batch the update trains on from it:
+
+- `Sampled`: the rollout itself, `group` completions per prompt (the RL objectives);
+- `DynamicSampling`: the rollout's informative groups, refilled from fresh rollouts (DAPO);
+- `Demonstrations`: each prompt with the task's correct completion (supervised fine-tuning);
+- `Preferences`: each prompt's correct completion beside a corrupted one (DPO).
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew.batch import Batch
+from dew.rollout.generate import Rollout, score
+from dew.tasks import Task
+
+__all__ = [
+    "REFILL_STREAM",
+    "BatchSource",
+    "Demonstrations",
+    "DynamicSampling",
+    "Preferences",
+    "Sampled",
+    "StepRollout",
+    "corrupt",
+    "demonstrations",
+    "informative_groups",
+    "preferences",
+    "take_groups",
+]
+
+REFILL_STREAM = 0xF111
+"""The prompt streams of dynamic sampling's extra rollouts, apart from every step's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRollout:
+    """One step's rollout, and what a batch source may build more from.
+
+    Attributes:
+      sampled: the step's scored rollout.
+      prompts: the step's prompts, as token lists.
+      task: the task the prompts come from.
+      step: the step, 1-based.
+      seed: the run's seed.
+      group: the run's completions per prompt (`--group`).
+      key: the step's sampling key.
+      sample: draws another rollout with the step's policy and sampling settings, as
+        `sample(prompts, group, key)`.
+      sharding: where the batch's arrays go (batch axis first), or None.
+    """
+
+    sampled: Rollout
+    prompts: Sequence[Sequence[int]]
+    task: Task
+    step: int
+    seed: int
+    group: int
+    key: jax.Array
+    sample: Callable[[Sequence[Sequence[int]], int, jax.Array], Rollout]
+    sharding: Any = None
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """Builds a step's training batch from its rollout.
+
+    Attributes:
+      min_group: the smallest `--group` the source accepts.
+    """
+
+    min_group: int
+
+    def sampled_group(self, group: int) -> int:
+        """How many completions per prompt the step's rollout draws, for `--group` `group`."""
+        ...
+
+    def rows(self, prompts: int, group: int) -> int:
+        """The rows of the training batch of `prompts` prompts."""
+        ...
+
+    def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
+        """The training batch and the metrics of how it was built."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    """The step's rollout as it is: `group` completions per prompt, scored.
+
+    Examples:
+      >>> Sampled().rows(prompts=4, group=8), Sampled().min_group
+      (32, 2)
+    """
+
+    min_group: ClassVar[int] = 2
+
+    def sampled_group(self, group: int) -> int:
+        """`group`: the rollout is the batch."""
+        return group
+
+    def rows(self, prompts: int, group: int) -> int:
+        """`prompts * group`."""
+        return prompts * group
+
+    def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
+        """The rollout's batch, and no metrics."""
+        return step.sampled.batch, {}
+
+
+def informative_groups(rewards: np.ndarray, group: int) -> np.ndarray:
+    """`[B / group]` bool: the groups whose rewards are not all equal.
+
+    A group of equal rewards has zero group-relative advantage and carries no gradient; DAPO's
+    dynamic sampling drops it.
+
+    Reference: DAPO's dynamic sampling, arXiv:2503.14476.
+
+    Examples:
+      >>> informative_groups(np.array([1.0, 1.0, 0.0, 1.0]), 2)
+      array([False,  True])
+    """
+    grouped = np.asarray(rewards).reshape(-1, group)
+    return grouped.max(axis=1) > grouped.min(axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicSampling(Sampled):
+    """DAPO's dynamic sampling: the rollout's informative groups, refilled from fresh rollouts.
+
+    Groups whose rewards are all equal carry no gradient and are dropped; up to `max_refills`
+    extra rollouts of as many fresh prompts (their own prompt stream, `REFILL_STREAM`, and
+    sampling key, so a resumed run replays them) supply informative groups until the batch holds
+    as many as the step has prompts. If it still falls short, dropped groups fill the rest, so
+    the batch keeps its shape and the update is not recompiled. Metrics: `informative_groups`
+    (the fraction of the batch's groups that are) and `refills`.
+
+    Reference: DAPO's dynamic sampling, arXiv:2503.14476.
+
+    Attributes:
+      max_refills: how many extra rollouts a step may draw.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.rollout import rollout
+      >>> from dew.tasks import get_task
+      >>> task = get_task("reverse")
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> def sample(prompts, group, key):
+      ...     return rollout(graphdef, params, task, prompts, group, key)
+      >>> prompts = task.prompts(np.random.default_rng(0), 2)
+      >>> key = jax.random.key(0)
+      >>> first = sample(prompts, 2, key)
+      >>> step = StepRollout(first, prompts, task, 1, 0, 2, key, sample)
+      >>> batch, metrics = DynamicSampling(max_refills=2).batch(step)
+      >>> batch.size == first.batch.size, sorted(metrics)
+      (True, ['informative_groups', 'refills'])
+      >>> kept = round(metrics["informative_groups"] * 2)
+      >>> bool(informative_groups(np.asarray(batch.rewards), 2)[:kept].all())
+      True
+    """
+
+    max_refills: int = 3
+
+    def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
+        """The informative groups first, refilled; the metrics of the refills."""
+        group, wanted = step.group, len(step.prompts)
+        parts = [step.sampled]
+        informative = informative_groups(step.sampled.rewards, group)
+        picks = [(0, int(g)) for g in np.flatnonzero(informative)]
+        refills = 0
+        while len(picks) < wanted and refills < self.max_refills:
+            refills += 1
+            rng = np.random.default_rng([step.seed, step.step, REFILL_STREAM, refills])
+            part = step.sample(
+                step.task.prompts(rng, wanted), group, jax.random.fold_in(step.key, refills)
+            )
+            parts.append(part)
+            informative = informative_groups(part.rewards, group)
+            picks += [(refills, int(g)) for g in np.flatnonzero(informative)]
+        found = min(len(picks), wanted)
+        for index, part in enumerate(parts):
+            dropped = np.flatnonzero(~informative_groups(part.rewards, group))
+            picks += [(index, int(g)) for g in dropped]
+        batch = take_groups(parts, picks[:wanted], group, step.sharding)
+        return batch, {"informative_groups": found / wanted, "refills": float(refills)}
+
+
+def _placed(arrays, sharding):
+    if sharding is not None:
+        return jax.device_put(arrays, sharding)
+    return jax.tree.map(jnp.asarray, arrays)
+
+
+def take_groups(
+    parts: Sequence[Rollout], picks: Sequence[tuple[int, int]], group: int, sharding=None
+) -> Batch:
+    """A `Batch` of the groups `picks` names, as `(rollout index, group index)`, in that order.
+
+    Built from the rollouts' host copies, so the batch has the shapes of one rollout of
+    `len(picks)` prompts and the update compiled for it is reused.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.rollout import rollout
+      >>> from dew.tasks import get_task
+      >>> task = get_task("reverse")
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> prompts = task.prompts(np.random.default_rng(0), 2)
+      >>> parts = [rollout(graphdef, params, task, prompts, 2, jax.random.key(k)) for k in (0, 1)]
+      >>> batch = take_groups(parts, [(1, 0), (0, 1)], 2)
+      >>> batch.tokens.shape, batch.group
+      ((4, 9), 2)
+      >>> bool((batch.tokens[:2] == parts[1].tokens[:2]).all())
+      True
+      >>> bool((batch.tokens[2:] == parts[0].tokens[2:]).all())
+      True
+    """
+
+    def rows(name):
+        return np.concatenate(
+            [getattr(parts[p], name)[g * group : (g + 1) * group] for p, g in picks]
+        )
+
+    names = ("tokens", "prompt_mask", "completion_mask", "behavior_log_probs", "rewards")
+    return Batch(*_placed(tuple(rows(name) for name in names), sharding), group=group)
+
+
+def _rows(task: Task, prompts, completions, group: int, sharding, rewards=None) -> Batch:
+    """A `Batch` of fixed prompt + completion rows, scored with the task unless `rewards`."""
+    width = task.max_prompt_len + task.max_new_tokens
+    tokens = np.full((len(prompts), width), task.tokenizer.pad_token_id, np.int32)
+    prompt_mask = np.zeros(tokens.shape, bool)
+    completion_mask = np.zeros(tokens.shape, bool)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        completion = list(completion)[: task.max_new_tokens]
+        tokens[row, : len(prompt)] = prompt
+        tokens[row, len(prompt) : len(prompt) + len(completion)] = completion
+        prompt_mask[row, : len(prompt)] = True
+        completion_mask[row, len(prompt) : len(prompt) + len(completion)] = True
+    if rewards is None:
+        rewards = score(task, tokens, prompt_mask, completion_mask)
+    arrays = (tokens, prompt_mask, completion_mask, np.zeros(tokens.shape, np.float32), rewards)
+    return Batch(*_placed(arrays, sharding), group=group)
+
+
+def demonstrations(task: Task, prompts: Sequence[Sequence[int]], sharding=None) -> Batch:
+    """One row per prompt: the prompt and the task's correct completion, `group = 1`.
+
+    `behavior_log_probs` is 0: nothing was sampled.
+
+    Examples:
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> batch = demonstrations(get_task("reverse"), [DIGITS.encode("^123>")])
+      >>> DIGITS.decode(batch.tokens[0]), batch.group, batch.rewards
+      ('^123>321$', 1, Array([1.], dtype=float32))
+      >>> DIGITS.decode(batch.tokens[0][batch.completion_mask[0]])
+      '321$'
+    """
+    return _rows(task, prompts, [task.answer(p) for p in prompts], 1, sharding)
+
+
+@dataclasses.dataclass(frozen=True)
+class Demonstrations:
+    """Each prompt with the task's correct completion, one row per prompt.
+
+    The step's rollout draws one completion per prompt, for the reward metric only.
+
+    Examples:
+      >>> Demonstrations().rows(prompts=4, group=8), Demonstrations().sampled_group(8)
+      (4, 1)
+    """
+
+    min_group: ClassVar[int] = 1
+
+    def sampled_group(self, group: int) -> int:
+        """1: the rollout only measures the reward."""
+        return 1
+
+    def rows(self, prompts: int, group: int) -> int:
+        """`prompts`."""
+        return prompts
+
+    def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
+        """`demonstrations` of the step's prompts, and no metrics."""
+        return demonstrations(step.task, step.prompts, step.sharding), {}
+
+
+def corrupt(answer: Sequence[int], task: Task, rng: np.random.Generator) -> list[int]:
+    """`answer` with one to all of its digits changed to a different digit (EOS kept).
+
+    The answer's text is changed and encoded again with the task's tokenizer.
+
+    Examples:
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> wrong = corrupt(DIGITS.encode("123$"), get_task("reverse"), np.random.default_rng(0))
+      >>> wrong != DIGITS.encode("123$") and wrong[-1] == DIGITS.eos_token_id
+      True
+    """
+    tok = task.tokenizer
+    body = list(answer)
+    if body and body[-1] == tok.eos_token_id:
+        body = body[:-1]
+    text = list(tok.decode(body))
+    positions = [i for i, c in enumerate(text) if c.isdigit()]
+    if not positions:
+        return [*tok.encode(str(int(rng.integers(0, 10))) + "".join(text)), tok.eos_token_id]
+    count = int(rng.integers(1, len(positions) + 1))
+    for i in rng.choice(positions, size=count, replace=False):
+        text[i] = str((int(text[i]) + int(rng.integers(1, 10))) % 10)
+    return [*tok.encode("".join(text)), tok.eos_token_id]
+
+
+def preferences(
+    task: Task, prompts: Sequence[Sequence[int]], rng: np.random.Generator, sharding=None
+) -> Batch:
+    """Pairs on adjacent rows, `group = 2`: the correct answer (even row), a corrupted one (odd).
+
+    Rewards are 1 for the chosen row and 0 for the rejected one.
+
+    Examples:
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> prompts = [DIGITS.encode("^123>")]
+      >>> batch = preferences(get_task("reverse"), prompts, np.random.default_rng(0))
+      >>> [DIGITS.decode(row) for row in batch.tokens], batch.group, batch.rewards
+      (['^123>321$', '^123>432$'], 2, Array([1., 0.], dtype=float32))
+    """
+    rows, completions = [], []
+    for prompt in prompts:
+        right = task.answer(prompt)
+        rows += [prompt, prompt]
+        completions += [right, corrupt(right, task, rng)]
+    rewards = np.tile(np.array([1.0, 0.0], np.float32), len(prompts))
+    return _rows(task, rows, completions, 2, sharding, rewards)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preferences:
+    """Each prompt's correct completion (even row) beside a corrupted one (odd row), `group = 2`.
+
+    The corruptions of step `s` come from `default_rng([seed, s, 1])`, so a resumed run replays
+    them. The step's rollout draws one completion per prompt, for the reward metric only.
+
+    Examples:
+      >>> Preferences().rows(prompts=4, group=8), Preferences().sampled_group(8)
+      (8, 1)
+    """
+
+    min_group: ClassVar[int] = 1
+
+    def sampled_group(self, group: int) -> int:
+        """1: the rollout only measures the reward."""
+        return 1
+
+    def rows(self, prompts: int, group: int) -> int:
+        """`2 * prompts`: a pair per prompt."""
+        return 2 * prompts
+
+    def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
+        """`preferences` of the step's prompts, and no metrics."""
+        rng = np.random.default_rng([step.seed, step.step, 1])
+        return preferences(step.task, step.prompts, rng, step.sharding), {}

@@ -1,0 +1,13 @@
+"""Training: the run's options, the loop and its callbacks, the compiled update, checkpoints.
+
+- `dew.train.config`: `TrainConfig` and its sections, each option's range, `validate`.
+- `dew.train.trainer`: the `Trainer` (named phases: rollout, batch, update, record) and `train`.
+- `dew.train.callbacks`: metrics, progress, checkpoints and the reward plot around each step.
+- `dew.train.update`: the jitted update over exact micro-batches, cached by its `UpdateSpec`.
+- `dew.train.checkpoint`, `dew.train.runlog`, `dew.train.plot`: the run folder's files.
+"""
+
+from dew.train.config import ConfigError, TrainConfig
+from dew.train.trainer import TrainingError, TrainResult, train
+
+__all__ = ["ConfigError", "TrainConfig", "TrainResult", "TrainingError", "train"]

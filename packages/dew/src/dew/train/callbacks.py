@@ -1,0 +1,109 @@
+"""Callbacks: what happens around each training step, one job each.
+
+The `Trainer` calls every callback's hooks in order: `on_start` once, `on_metrics` with every
+step's metrics row (a failing step's too, before it is checked), `on_step` after a step whose
+loss is finite, and `on_end` once, however the run ends. The run folder's files come from the
+built-in ones: `MetricsLog` (`metrics.jsonl`), `Progress` (the live display), `Checkpointing`
+(`checkpoints/`) and `RewardPlot` (`reward.png`).
+"""
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from dew.train.runlog import Display, MetricsFile
+
+if TYPE_CHECKING:
+    from dew.train.trainer import Trainer
+
+__all__ = [
+    "Callback",
+    "Checkpointing",
+    "MetricsLog",
+    "Progress",
+    "RewardPlot",
+]
+
+
+class Callback:
+    """Hooks the trainer calls; each does nothing unless a subclass overrides it.
+
+    Examples:
+      >>> class Rewards(Callback):
+      ...     def __init__(self):
+      ...         self.seen = []
+      ...     def on_step(self, trainer, row):
+      ...         self.seen.append(round(row["reward"], 2))
+      >>> Rewards().seen
+      []
+    """
+
+    def on_start(self, trainer: "Trainer") -> None:
+        """Before the first step."""
+
+    def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+        """With each step's metrics row, before the step is checked."""
+
+    def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+        """After a step whose loss is finite."""
+
+    def on_end(self, trainer: "Trainer") -> None:
+        """Once, when the run finishes or stops."""
+
+
+class MetricsLog(Callback):
+    """Appends each step's row to `metrics.jsonl`; `rows` holds the run's rows so far.
+
+    Attributes:
+      rows: the metrics rows, those a resumed run kept included.
+    """
+
+    def __init__(self, run_dir: Path, resumed_at: int | None = None):
+        self.file = MetricsFile(run_dir, keep_through=resumed_at)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows written so far."""
+        return self.file.rows
+
+    def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+        self.file.append(row)
+
+
+class Progress(Callback):
+    """The live progress display: a bar on a terminal, a line now and then otherwise."""
+
+    def __init__(self, total: int, start: int, console: Console | None, quiet: bool):
+        self.display = Display(total, start, console, quiet)
+
+    def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+        self.display.update(row)
+
+    def on_end(self, trainer: "Trainer") -> None:
+        self.display.close()
+
+
+class Checkpointing(Callback):
+    """Saves the trainer's state every `every` steps and at the last step."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+        step = row["step"]
+        if step % self.every == 0 or step == trainer.config.run.steps:
+            trainer.save()
+
+
+class RewardPlot(Callback):
+    """Draws `reward.png` from the metrics rows when the run ends."""
+
+    def __init__(self, path: Path, title: str):
+        self.path, self.title = path, title
+
+    def on_end(self, trainer: "Trainer") -> None:
+        from dew.train.plot import plot_run  # matplotlib loads only when a plot is drawn
+
+        if trainer.log.rows:
+            plot_run(trainer.log.rows, self.path, self.title)

@@ -1,0 +1,362 @@
+"""A run's options: `TrainConfig`, nested frozen sections, each field with its checked range.
+
+The command line is generated from these dataclasses: every field of a section is a flag of the
+same name (`rollout.top_p` is `--top-p`), its help taken from the section's `Attributes:` and its
+range from the field's metadata. `validate` checks every field before a model is built or a
+function compiled, so a bad option costs nothing but its one-line message.
+"""
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from dew.objective import Objective, load_objective
+from dew.tasks import Task, get_task
+from dew.tokenizers import DIGITS, Tokenizer
+
+__all__ = [
+    "ConfigError",
+    "MeshOptions",
+    "OptimizerOptions",
+    "Range",
+    "RolloutOptions",
+    "RunOptions",
+    "TrainConfig",
+    "UpdateOptions",
+    "resolve",
+    "validate",
+]
+
+
+class ConfigError(ValueError):
+    """A training option is invalid; raised before anything is built or compiled."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values an option accepts: between `low` and `high`, each end open or closed.
+
+    NaN is in no range, and an infinity only in one whose closed end is infinite.
+
+    Examples:
+      >>> Range(0, 1, low_open=True).check("--top-p", 1.0)
+      >>> Range(0, 1, low_open=True).check("--top-p", float("nan"))
+      Traceback (most recent call last):
+      ...
+      dew.train.config.ConfigError: --top-p must be in (0, 1], got nan
+    """
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        """True when `value` is inside."""
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return bool(above and below)
+
+    def describe(self) -> str:
+        """The range as a reader writes it: `> 0`, `>= 1`, `in (0, 1]`."""
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{self.low:g}, {self.high:g}{right}"
+
+    def check(self, flag: str, value: float | None) -> None:
+        """Raise `ConfigError` naming `flag` unless `value` is None or inside."""
+        if value is not None and not self.contains(value):
+            raise ConfigError(f"{flag} must be {self.describe()}, got {value}")
+
+
+POSITIVE = Range(0, math.inf, low_open=True, high_open=True)
+NON_NEGATIVE = Range(0, math.inf, high_open=True)
+AT_LEAST_ONE = Range(1, math.inf, high_open=True)
+SEED = Range(0, 2**32 - 1)  # the range numpy and JAX seeds share
+
+
+def _option(default, valid: Range | None = None, **kwargs):
+    return dataclasses.field(default=default, metadata={"range": valid}, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How long a run lasts, where it writes, and its seed.
+
+    Attributes:
+      steps: total training steps (rollout + updates), counting resumed ones.
+      seed: seed of the weights, prompts and sampling.
+      out: run folder (default runs/<YYYYmmdd-HHMMSS>).
+      resume: continue the run in --out (default: the newest in runs/) from its last checkpoint.
+      checkpoint_every: checkpoint every N steps (and at the end).
+    """
+
+    steps: int = _option(250, AT_LEAST_ONE)
+    seed: int = _option(0, SEED)
+    out: str | None = None
+    resume: bool = False
+    checkpoint_every: int = _option(50, AT_LEAST_ONE)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutOptions:
+    """What each step samples.
+
+    Attributes:
+      prompts: prompts per step.
+      group: completions per prompt.
+      temperature: sampling temperature.
+      top_p: nucleus sampling mass.
+      kv_cache: sample with a KV cache.
+    """
+
+    prompts: int = _option(32, AT_LEAST_ONE)
+    group: int = _option(8, AT_LEAST_ONE)
+    temperature: float = _option(1.0, POSITIVE)
+    top_p: float = _option(1.0, Range(0, 1, low_open=True))
+    kv_cache: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerOptions:
+    """AdamW after global gradient-norm clipping, with a linear warmup.
+
+    Attributes:
+      lr: AdamW learning rate.
+      weight_decay: AdamW weight decay.
+      max_grad_norm: global gradient-norm clip.
+      warmup: optimizer steps of linear learning-rate warmup.
+    """
+
+    lr: float = _option(1e-3, POSITIVE)
+    weight_decay: float = _option(0.0, NON_NEGATIVE)
+    max_grad_norm: float = _option(1.0, POSITIVE)
+    warmup: int = _option(0, NON_NEGATIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateOptions:
+    """How a rollout's batch is learned from.
+
+    Attributes:
+      updates_per_rollout: optimizer steps per rollout.
+      micro_batches: group-aligned micro-batches per optimizer step.
+    """
+
+    updates_per_rollout: int = _option(2, AT_LEAST_ONE)
+    micro_batches: int = _option(1, AT_LEAST_ONE)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshOptions:
+    """The devices a run uses and how parameters are laid out on them.
+
+    Attributes:
+      devices: devices in the data-parallel mesh (default: all).
+      fsdp: shard each parameter's largest axis over the devices (default: replicate).
+    """
+
+    devices: int | None = _option(None, AT_LEAST_ONE)
+    fsdp: bool = False
+
+
+SECTIONS = {
+    "run": RunOptions,
+    "rollout": RolloutOptions,
+    "optimizer": OptimizerOptions,
+    "update": UpdateOptions,
+    "mesh": MeshOptions,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run depends on; `config.json` in the run folder records it.
+
+    `TrainConfig().replace(steps=20, lr=3e-3)` sets options by their flag names, whichever section
+    holds them.
+
+    Attributes:
+      objective: the objective, by entry-point name.
+      task: the task, by name.
+      model: a built-in model (tiny, default, small), smollm2, a checkpoint folder or a .gguf file.
+      run: steps, seed, run folder, resume, checkpoints.
+      rollout: prompts, group and sampling.
+      optimizer: AdamW's settings.
+      update: optimizer steps and micro-batches per rollout.
+      mesh: devices and parameter layout.
+      objective_options: the objective's hyperparameters (its dataclass fields).
+      task_options: the task's constructor arguments (`min_len`, `max_len` for the digit tasks).
+
+    Examples:
+      >>> config = TrainConfig().replace(steps=20, lr=3e-3, objective="sft")
+      >>> config.run.steps, config.optimizer.lr, config.objective, config.rollout.prompts
+      (20, 0.003, 'sft', 32)
+      >>> TrainConfig().replace(stepz=1)
+      Traceback (most recent call last):
+      ...
+      dew.train.config.ConfigError: unknown option 'stepz'
+    """
+
+    objective: str = "grpo"
+    task: str = "reverse"
+    model: str = "default"
+    run: RunOptions = RunOptions()
+    rollout: RolloutOptions = RolloutOptions()
+    optimizer: OptimizerOptions = OptimizerOptions()
+    update: UpdateOptions = UpdateOptions()
+    mesh: MeshOptions = MeshOptions()
+    objective_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def replace(self, **options) -> "TrainConfig":
+        """A copy with `options` set, each named as its flag is (`steps`, not `run.steps`)."""
+        top = {f.name for f in dataclasses.fields(self)} - set(SECTIONS)
+        changes: dict[str, Any] = {k: v for k, v in options.items() if k in top}
+        sections: dict[str, dict[str, Any]] = {}
+        for name, value in options.items():
+            if name in top:
+                continue
+            section = option_section(name)
+            if section is None:
+                raise ConfigError(f"unknown option {name!r}")
+            sections.setdefault(section, {})[name] = value
+        for section, values in sections.items():
+            changes[section] = dataclasses.replace(getattr(self, section), **values)
+        return dataclasses.replace(self, **changes)
+
+    def flat(self) -> dict[str, Any]:
+        """Every option by its flag name, sections flattened.
+
+        Examples:
+          >>> flat = TrainConfig().flat()
+          >>> flat["steps"], flat["top_p"], flat["objective"]
+          (250, 1.0, 'grpo')
+        """
+        values = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in SECTIONS:
+                values.update(dataclasses.asdict(value))
+            else:
+                values[field.name] = value
+        return values
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "TrainConfig":
+        """The config a run folder's `config.json` records (extra keys such as the model's
+        architecture are ignored).
+
+        Examples:
+          >>> record = dataclasses.asdict(TrainConfig().replace(steps=7))
+          >>> TrainConfig.from_record(record).run.steps
+          7
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        flat: dict[str, Any] = {}
+        for name, value in record.items():
+            if name in SECTIONS and isinstance(value, Mapping):
+                flat.update(value)
+            elif name in known:
+                flat[name] = value
+        return cls().replace(**flat)
+
+
+def option_section(name: str) -> str | None:
+    """The section that holds option `name`, or None.
+
+    Examples:
+      >>> option_section("lr"), option_section("prompts"), option_section("nope")
+      ('optimizer', 'rollout', None)
+    """
+    for section, cls in SECTIONS.items():
+        if name in {f.name for f in dataclasses.fields(cls)}:
+            return section
+    return None
+
+
+def resolve(
+    config: TrainConfig, objective=None, task=None, tokenizer: Tokenizer = DIGITS
+) -> tuple[Objective, Task]:
+    """The objective and task a run uses: the instances given, else loaded by name.
+
+    The task is built on `tokenizer`, the model's.
+
+    Examples:
+      >>> objective, task = resolve(TrainConfig(objective="sft", task="sort"))
+      >>> objective, task.name
+      (SFT(), 'sort')
+      >>> resolve(TrainConfig(objective="sft", task="nope"))  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.train.config.ConfigError: unknown task 'nope'; available: ...
+    """
+    try:
+        if objective is None:
+            objective = load_objective(config.objective, config.objective_options)
+        if task is None:
+            task = get_task(config.task, tokenizer=tokenizer, **config.task_options)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error)) from error
+    return objective, task
+
+
+def _check_ranges(options) -> None:
+    for field in dataclasses.fields(options):
+        valid = field.metadata.get("range")
+        if valid is None:
+            continue
+        value = getattr(options, field.name)
+        flag = "--" + field.name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{flag} must be a number, got {value!r}")
+        if field.type in (int, int | None) and not isinstance(value, int):
+            raise ConfigError(f"{flag} must be a whole number, got {value}")
+        valid.check(flag, value)
+
+
+def validate(config: TrainConfig, objective: Objective, device_count: int | None = None) -> None:
+    """Raise `ConfigError` on the first invalid option, naming it; builds nothing.
+
+    Examples:
+      >>> from dew.objectives.sft import SFT
+      >>> validate(TrainConfig(objective="sft").replace(prompts=4), SFT(), device_count=1)
+      >>> validate(TrainConfig(objective="sft").replace(prompts=4, micro_batches=3), SFT())
+      Traceback (most recent call last):
+      ...
+      dew.train.config.ConfigError: --micro-batches (3) must divide --prompts (4)
+      >>> validate(TrainConfig().replace(lr=float("inf")), SFT())
+      Traceback (most recent call last):
+      ...
+      dew.train.config.ConfigError: --lr must be > 0, got inf
+    """
+    for section in SECTIONS:
+        _check_ranges(getattr(config, section))
+    rollout, update = config.rollout, config.update
+    source = objective.source
+    if rollout.group < source.min_group:
+        raise ConfigError(
+            f"--group must be >= {source.min_group} for objective {config.objective!r}, "
+            f"got {rollout.group}"
+        )
+    if rollout.prompts % update.micro_batches:
+        raise ConfigError(
+            f"--micro-batches ({update.micro_batches}) must divide --prompts ({rollout.prompts})"
+        )
+    available = len(jax.devices()) if device_count is None else device_count
+    devices = available if config.mesh.devices is None else config.mesh.devices
+    if not 1 <= devices <= available:
+        raise ConfigError(f"--devices must be in [1, {available}], got {devices}")
+    rows = source.rows(rollout.prompts, rollout.group)
+    for what, count in (
+        ("batch rows per micro-batch", rows // update.micro_batches),
+        ("--prompts", rollout.prompts),
+    ):
+        if count % devices:
+            raise ConfigError(f"--devices ({devices}) must divide the {what} ({count})")

@@ -1,0 +1,395 @@
+"""The training loop: a `Trainer` whose steps are named phases, and callbacks around them.
+
+Per step `s` (1-based): prompts come from `numpy.random.default_rng([seed, s])` and the sampling key
+is `fold_in(key(seed), s)`, so a resumed run replays the steps it skipped exactly. A step is
+`rollout` (sample and score the prompts), `batch` (the objective's batch source builds what it
+trains on), `update` (one compiled function) and `record` (the metrics row, handed to the
+callbacks). A non-finite loss stops the run before its state can be saved, and a reward function
+that raises stops it with the task and sample named: both leave the last checkpoint as it was.
+"""
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from rich.console import Console
+
+from dew.batch import Batch
+from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
+from dew.models.registry import ModelSource, resolve_model
+from dew.objective import Objective
+from dew.rollout import Rollout, StepRollout, rollout
+from dew.tasks import Task
+from dew.tokenizers import Tokenizer
+from dew.train.callbacks import Callback, Checkpointing, MetricsLog, Progress, RewardPlot
+from dew.train.checkpoint import Checkpoints
+from dew.train.config import ConfigError, TrainConfig, resolve, validate
+from dew.train.runlog import CONFIG, default_run_dir, write_config
+from dew.train.update import UpdateSpec, compiled_update, optimizer
+
+__all__ = [
+    "EVAL_STREAM",
+    "TrainResult",
+    "Trainer",
+    "TrainingError",
+    "evaluate",
+    "step_prompts",
+    "train",
+]
+
+EVAL_STREAM = 0x5EED
+"""The prompt stream of the final greedy evaluation, apart from every step's."""
+
+
+class TrainingError(RuntimeError):
+    """Training stopped: a non-finite loss (the last good checkpoint is kept)."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What `train` returns: the run folder, the metrics rows and the final state."""
+
+    run_dir: Path
+    history: list[dict[str, Any]]
+    params: Any
+    graphdef: nnx.GraphDef
+    task: Task
+    final_reward: float
+    greedy_reward: float
+
+
+def step_prompts(task: Task, seed: int, step: int, n: int) -> list[list[int]]:
+    """The prompts of step `step`, from `default_rng([seed, step])`.
+
+    Examples:
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> task = get_task("reverse")
+      >>> [DIGITS.decode(prompt) for prompt in step_prompts(task, 0, 1, 2)]
+      ['^589>', '^538>']
+      >>> step_prompts(task, 0, 1, 2) == step_prompts(task, 0, 1, 2)
+      True
+    """
+    return task.prompts(np.random.default_rng([seed, step]), n)
+
+
+def _run_dir(config: TrainConfig) -> Path:
+    """The run folder, checked (nothing is created here)."""
+    run_dir = Path(config.run.out) if config.run.out else default_run_dir()
+    if config.run.resume:
+        if not (run_dir / CONFIG).exists():
+            raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
+    elif (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
+        raise ConfigError(f"{run_dir} already holds a run; pass --resume or choose another --out")
+    return run_dir
+
+
+class Trainer:
+    """One run: its policy, objective, task and run folder, stepped by `run`.
+
+    Everything is checked before anything is written: the options, the model's name, the
+    objective's and task's. Then the run folder gets `config.json`, the policy is loaded or
+    initialised, and a resumed run restores its last checkpoint.
+
+    Examples:
+      >>> import shutil, tempfile
+      >>> out = tempfile.mkdtemp()
+      >>> config = TrainConfig(objective="sft", model="tiny").replace(steps=2, prompts=2, out=out)
+      >>> trainer = Trainer(config, quiet=True)
+      >>> history = trainer.run()
+      >>> [row["step"] for row in history], trainer.step
+      ([1, 2], 2)
+      >>> shutil.rmtree(out)
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        objective: Objective | None = None,
+        task: Task | None = None,
+        callbacks: Sequence[Callback] = (),
+        console: Console | None = None,
+        quiet: bool = False,
+    ):
+        try:
+            source: ModelSource = resolve_model(config.model)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
+        tokenizer: Tokenizer = source.tokenizer()
+        self.objective, self.task = resolve(config, objective, task, tokenizer)
+        validate(config, self.objective)
+        self.config, self.started = config, time.perf_counter()
+        self.run_dir = _run_dir(config)
+        policy = source.policy(config.run.seed, value_head=self.objective.needs_values)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(
+            self.run_dir,
+            {
+                **dataclasses.asdict(config),
+                "run": {**dataclasses.asdict(config.run), "out": str(self.run_dir)},
+                "model_config": dataclasses.asdict(policy.config),
+            },
+        )
+        self._place(policy)
+        self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
+        self.step = 0
+        if config.run.resume:
+            self._restore()
+        self.log = MetricsLog(self.run_dir, resumed_at=self.step if config.run.resume else None)
+        self.callbacks: list[Callback] = [
+            self.log,
+            Progress(config.run.steps, self.step, console, quiet),
+            Checkpointing(config.run.checkpoint_every),
+            RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
+            *callbacks,
+        ]
+        self.saved: int | None = self.step if config.run.resume else None
+
+    def _place(self, policy) -> None:
+        """Split the policy and lay it out, with the optimizer and reference, on the mesh."""
+        config = self.config
+        self.mesh = make_mesh(config.mesh.devices)
+        self.rows = batch_sharding(self.mesh)
+        self.graphdef, params = nnx.split(policy)
+        params = nnx.to_pure_dict(params)
+        self.params = jax.device_put(params, param_shardings(params, self.mesh, config.mesh.fsdp))
+        opt_state = optimizer(config.optimizer).init(self.params)
+        self.opt_state = jax.device_put(
+            opt_state, param_shardings(opt_state, self.mesh, config.mesh.fsdp)
+        )
+        self.ref_params = (
+            jax.tree.map(lambda x: x.copy(), self.params)
+            if self.objective.needs_reference
+            else None
+        )
+        spec = UpdateSpec(
+            self.graphdef,
+            self.objective,
+            config.optimizer,
+            config.update,
+            self.mesh,
+            config.mesh.fsdp,
+        )
+        self.update_fn = compiled_update(spec)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds: the parameters, the optimizer and the frozen reference."""
+        held = {"params": self.params, "opt_state": self.opt_state}
+        if self.ref_params is not None:
+            held["ref_params"] = self.ref_params
+        return held
+
+    def _restore(self) -> None:
+        latest = self.checkpoints.latest_step()
+        if latest is None:
+            raise ConfigError(f"--resume: {self.run_dir} has no checkpoint yet")
+        restored = self.checkpoints.restore(latest, self.state())
+        self.params, self.opt_state = restored["params"], restored["opt_state"]
+        self.ref_params = restored.get("ref_params")
+        self.step = latest
+
+    def save(self) -> None:
+        """Checkpoint the current state as the checkpoint of the current step."""
+        self.checkpoints.save(self.step, self.state())
+        self.saved = self.step
+
+    def sample(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
+        """A scored `Rollout` of `group` completions per prompt from the current policy."""
+        options = self.config.rollout
+        return rollout(
+            self.graphdef,
+            self.params,
+            self.task,
+            prompts,
+            group,
+            key,
+            temperature=options.temperature if temperature is None else temperature,
+            top_p=options.top_p,
+            kv_cache=options.kv_cache,
+            sharding=self.rows,
+        )
+
+    def rollout_phase(self, step: int) -> StepRollout:
+        """Sample and score the step's prompts."""
+        config = self.config
+        prompts = step_prompts(self.task, config.run.seed, step, config.rollout.prompts)
+        key = jax.random.fold_in(jax.random.key(config.run.seed), step)
+        group = self.objective.source.sampled_group(config.rollout.group)
+        sampled = self.sample(prompts, group, key)
+        return StepRollout(
+            sampled,
+            prompts,
+            self.task,
+            step,
+            config.run.seed,
+            config.rollout.group,
+            key,
+            self.sample,
+            self.rows,
+        )
+
+    def update_phase(self, batch: Batch) -> dict[str, float]:
+        """The compiled update on `batch`; its metrics on the host."""
+        self.params, self.opt_state, metrics = self.update_fn(
+            self.params, self.opt_state, self.ref_params, batch
+        )
+        return {k: v.item() for k, v in to_host(metrics).items()}
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """Rollout, batch, update: the metrics row of step `step`."""
+        began = time.perf_counter()
+        rolled = self.rollout_phase(step)
+        batch, source_metrics = self.objective.source.batch(rolled)
+        rollout_s = time.perf_counter() - began
+        metrics = self.update_phase(batch)
+        finished = time.perf_counter()
+        self.step = step
+        return {
+            "step": step,
+            **_rollout_metrics(rolled.sampled),
+            **metrics,
+            **source_metrics,
+            "time": finished - self.started,
+            "rollout_s": rollout_s,
+            "update_s": finished - began - rollout_s,
+            "steps_per_s": 1.0 / (finished - began),
+        }
+
+    def _check(self, row: dict[str, Any]) -> None:
+        if not row["finite"] or not math.isfinite(row["loss"]):
+            kept = (
+                f"checkpoint of step {self.saved} kept"
+                if self.saved is not None
+                else "no checkpoint saved"
+            )
+            raise TrainingError(
+                f"non-finite loss ({row['loss']}) at step {row['step']}; stopped without "
+                f"saving it ({kept} in {self.run_dir / 'checkpoints'})"
+            )
+
+    def run(self) -> list[dict[str, Any]]:
+        """Step to `--steps`; the metrics rows of the whole run (resumed ones included)."""
+        for callback in self.callbacks:
+            callback.on_start(self)
+        try:
+            for step in range(self.step + 1, self.config.run.steps + 1):
+                row = self.train_step(step)
+                finite = row.pop("finite")
+                for callback in self.callbacks:
+                    callback.on_metrics(self, row)
+                self._check({**row, "finite": finite})
+                for callback in self.callbacks:
+                    callback.on_step(self, row)
+        finally:
+            for callback in self.callbacks:
+                callback.on_end(self)
+            self.checkpoints.close()
+        return self.log.rows
+
+
+def _rollout_metrics(sampled: Rollout) -> dict[str, float]:
+    return {
+        "reward": float(sampled.rewards.mean()),
+        "reward_std": float(sampled.rewards.std()),
+        "completion_tokens": float(sampled.completion_mask.sum(1).mean()),
+        "sampled_nll": float(-sampled.behavior_log_probs[sampled.completion_mask].mean()),
+        "sampler_tokens_per_s": float(sampled.completion_mask.sum()) / sampled.sample_s,
+    }
+
+
+class _Hooks(Callback):
+    """The `on_start` and `on_step` functions `train` takes, as a callback."""
+
+    def __init__(self, on_start, on_step):
+        self.start, self.step = on_start, on_step
+
+    def on_start(self, trainer: Trainer) -> None:
+        if self.start is not None:
+            self.start(trainer.run_dir)
+
+    def on_step(self, trainer: Trainer, row: dict[str, Any]) -> None:
+        if self.step is not None:
+            self.step(row["step"], row)
+
+
+def train(
+    config: TrainConfig,
+    *,
+    objective: Objective | None = None,
+    task: Task | None = None,
+    callbacks: Sequence[Callback] = (),
+    console: Console | None = None,
+    quiet: bool = False,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    on_start: Callable[[Path], None] | None = None,
+) -> TrainResult:
+    """Train a policy on a task with an objective; the `TrainResult`.
+
+    `objective` and `task` may be instances (for ones not registered by name); otherwise
+    `config.objective` and `config.task` name them. `on_start(run_dir)` runs once the run folder
+    exists, `on_step(step, metrics)` after each step; `callbacks` get every hook.
+
+    Examples:
+      >>> import shutil, tempfile
+      >>> out = tempfile.mkdtemp()
+      >>> config = TrainConfig(objective="sft", model="tiny").replace(steps=2, prompts=2, out=out)
+      >>> result = train(config, quiet=True)
+      >>> [row["step"] for row in result.history], sorted(p.name for p in result.run_dir.iterdir())
+      ([1, 2], ['checkpoints', 'config.json', 'metrics.jsonl', 'reward.png'])
+      >>> 0.0 <= result.greedy_reward <= 1.0
+      True
+      >>> shutil.rmtree(out)
+    """
+    hooks = [_Hooks(on_start, on_step)] if on_start or on_step else []
+    trainer = Trainer(
+        config,
+        objective=objective,
+        task=task,
+        callbacks=[*hooks, *callbacks],
+        console=console,
+        quiet=quiet,
+    )
+    history = trainer.run()
+    greedy = evaluate(trainer.graphdef, trainer.params, trainer.task, config, trainer.rows)
+    final = history[-1]["reward"] if history else float("nan")
+    return TrainResult(
+        trainer.run_dir, history, trainer.params, trainer.graphdef, trainer.task, final, greedy
+    )
+
+
+def evaluate(
+    graphdef, params, task: Task, config: TrainConfig, sharding=None, n: int | None = None
+) -> float:
+    """The mean reward of greedy completions of fresh prompts (a stream no step uses).
+
+    Examples:
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.tasks import get_task
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> reward = evaluate(graphdef, params, get_task("reverse"), TrainConfig(), n=4)
+      >>> 0.0 <= reward <= 1.0  # the untrained policy's greedy answers score next to nothing
+      True
+    """
+    options = config.rollout
+    n = n or options.prompts * max(options.group, 1)
+    prompts = task.prompts(np.random.default_rng([config.run.seed, EVAL_STREAM]), n)
+    sampled = rollout(
+        graphdef,
+        params,
+        task,
+        prompts,
+        1,
+        jax.random.key(0),
+        temperature=0.0,
+        kv_cache=options.kv_cache,
+        sharding=sharding,
+    )
+    return float(sampled.rewards.mean())
