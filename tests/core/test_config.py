@@ -7,14 +7,8 @@ import math
 import pytest
 
 from dew.objectives.sft import SFT
-from dew.train.config import (
-    SECTIONS,
-    ConfigError,
-    Range,
-    TrainConfig,
-    option_section,
-    validate,
-)
+from dew.options import ConfigError, Range
+from dew.train.config import SECTIONS, TrainConfig, option_section, validate
 
 
 def test_options_are_set_by_their_flag_names_in_whichever_section_holds_them():

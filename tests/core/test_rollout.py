@@ -1,6 +1,7 @@
 """Rollouts: the group layout, scoring, reward errors, demonstration and preference rows."""
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -82,6 +83,18 @@ def test_a_reward_outside_the_unit_interval_is_an_error(policy):
         rollout(
             *policy, Generous(), TASK.prompts(np.random.default_rng(0), 1), 2, jax.random.key(0)
         )
+
+
+@pytest.mark.parametrize("value", ["0.5", None, True, [0.5]])
+def test_a_reward_that_is_not_a_number_is_an_error(policy, value):
+    class Wordy(Reverse):
+        name = "wordy"
+
+        def reward(self, prompt, completion):
+            return value
+
+    with pytest.raises(RewardError, match=re.escape(f"task 'wordy': reward {value!r} is not")):
+        rollout(*policy, Wordy(), TASK.prompts(np.random.default_rng(0), 1), 2, jax.random.key(0))
 
 
 def test_demonstrations_hold_the_correct_answers():

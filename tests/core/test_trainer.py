@@ -65,6 +65,7 @@ def test_a_run_folder_holds_config_metrics_plot_and_checkpoint(tmp_path, reinfor
     run = result.run_dir
     config = json.loads((run / "config.json").read_text())
     assert config["run"]["steps"] == 3 and config["model_config"]["hidden_size"] == 32
+    assert config["task"] == "reverse"
     rows = read_metrics(run)
     assert [row["step"] for row in rows] == [1, 2, 3]
     for key in [
@@ -181,6 +182,8 @@ def test_a_raising_reward_stops_the_run_naming_task_and_sample(tmp_path, reinfor
         train(config, objective=reinforce, task=FlakyReverse(), quiet=True)
     assert Checkpoints(tmp_path / "run" / "checkpoints").latest_step() == 2
     assert [row["step"] for row in read_metrics(tmp_path / "run")] == [1, 2]
+    # The record names the task that ran, not the default the config still holds.
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["task"] == "flaky"
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 """A batch that lacks what an objective needs fails with an error naming the field."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -99,3 +101,34 @@ def test_ppo_returns_are_the_rewards_on_a_hand_built_episode(batch):
     np.testing.assert_allclose(
         np.where(mask, prepared.returns, 0), np.where(mask, [[1.0], [0.25]], 0), atol=1e-6
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--beta", "nan"], "--beta must be >= 0, got nan"),
+        (["--beta", "-1"], "--beta must be >= 0, got -1.0"),
+        (["--epsilon-low", "nan"], r"--epsilon-low must be in \[0, 1\), got nan"),
+        (["--epsilon-low", "-1"], r"--epsilon-low must be in \[0, 1\)"),
+        (["--dual-clip", "0.5"], "--dual-clip must be > 1, got 0.5"),
+        (["--tis-cap", "0"], "--tis-cap must be > 0, got 0.0"),
+        (["--objective", "ppo", "--lam", "2"], r"--lam must be in \[0, 1\], got 2.0"),
+        (["--objective", "dr_grpo", "--max-tokens", "0"], "--max-tokens must be >= 1"),
+        (
+            ["--objective", "dapo", "--overlong-max-length", "5", "--overlong-buffer", "10"],
+            r"--overlong-buffer \(10\) must be below --overlong-max-length \(5\)",
+        ),
+        (["--objective", "dpo", "--beta", "inf"], "--beta must be > 0, got inf"),
+    ],
+)
+def test_objective_options_out_of_range_stop_the_command_in_one_line(
+    capsys, tmp_path, argv, message
+):
+    from dew import cli
+
+    out = tmp_path / "run"
+    assert cli.main(["train", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert re.search(message, err), err
+    assert not out.exists()

@@ -78,12 +78,17 @@ def score(
         prompt = tokens[row][prompt_mask[row]].tolist()
         completion = tokens[row][completion_mask[row]].tolist()
         try:
-            value = float(task.reward(prompt, completion))
+            value = task.reward(prompt, completion)
         except Exception as error:
             raise RewardError(
                 f"task {task.name!r}: reward raised {type(error).__name__}: {error} on "
                 + _sample_text(task, prompt, completion)
             ) from error
+        if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+            raise RewardError(
+                f"task {task.name!r}: reward {value!r} is not a number on "
+                + _sample_text(task, prompt, completion)
+            )
         if not 0.0 <= value <= 1.0:
             raise RewardError(
                 f"task {task.name!r}: reward {value} is outside [0, 1] on "

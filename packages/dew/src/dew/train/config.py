@@ -7,13 +7,22 @@ function compiled, so a bad option costs nothing but its one-line message.
 """
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 
 from dew.objective import Objective, load_objective
+from dew.options import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    ConfigError,
+    Range,
+    check_options,
+    option,
+)
 from dew.tasks import Task, get_task
 from dew.tokenizers import DIGITS, Tokenizer
 
@@ -21,7 +30,6 @@ __all__ = [
     "ConfigError",
     "MeshOptions",
     "OptimizerOptions",
-    "Range",
     "RolloutOptions",
     "RunOptions",
     "TrainConfig",
@@ -29,58 +37,6 @@ __all__ = [
     "resolve",
     "validate",
 ]
-
-
-class ConfigError(ValueError):
-    """A training option is invalid; raised before anything is built or compiled."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """The values an option accepts: between `low` and `high`, each end open or closed.
-
-    NaN is in no range, and an infinity only in one whose closed end is infinite.
-
-    Examples:
-      >>> Range(0, 1, low_open=True).check("--top-p", 1.0)
-      >>> Range(0, 1, low_open=True).check("--top-p", float("nan"))
-      Traceback (most recent call last):
-      ...
-      dew.train.config.ConfigError: --top-p must be in (0, 1], got nan
-    """
-
-    low: float = -math.inf
-    high: float = math.inf
-    low_open: bool = False
-    high_open: bool = False
-
-    def contains(self, value: float) -> bool:
-        """True when `value` is inside."""
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return bool(above and below)
-
-    def describe(self) -> str:
-        """The range as a reader writes it: `> 0`, `>= 1`, `in (0, 1]`."""
-        if self.high == math.inf:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
-        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"in {left}{self.low:g}, {self.high:g}{right}"
-
-    def check(self, flag: str, value: float | None) -> None:
-        """Raise `ConfigError` naming `flag` unless `value` is None or inside."""
-        if value is not None and not self.contains(value):
-            raise ConfigError(f"{flag} must be {self.describe()}, got {value}")
-
-
-POSITIVE = Range(0, math.inf, low_open=True, high_open=True)
-NON_NEGATIVE = Range(0, math.inf, high_open=True)
-AT_LEAST_ONE = Range(1, math.inf, high_open=True)
-SEED = Range(0, 2**32 - 1)  # the range numpy and JAX seeds share
-
-
-def _option(default, valid: Range | None = None, **kwargs):
-    return dataclasses.field(default=default, metadata={"range": valid}, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +51,11 @@ class RunOptions:
       checkpoint_every: checkpoint every N steps (and at the end).
     """
 
-    steps: int = _option(250, AT_LEAST_ONE)
-    seed: int = _option(0, SEED)
+    steps: int = option(250, AT_LEAST_ONE)
+    seed: int = option(0, SEED)
     out: str | None = None
     resume: bool = False
-    checkpoint_every: int = _option(50, AT_LEAST_ONE)
+    checkpoint_every: int = option(50, AT_LEAST_ONE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +70,10 @@ class RolloutOptions:
       kv_cache: sample with a KV cache.
     """
 
-    prompts: int = _option(32, AT_LEAST_ONE)
-    group: int = _option(8, AT_LEAST_ONE)
-    temperature: float = _option(1.0, POSITIVE)
-    top_p: float = _option(1.0, Range(0, 1, low_open=True))
+    prompts: int = option(32, AT_LEAST_ONE)
+    group: int = option(8, AT_LEAST_ONE)
+    temperature: float = option(1.0, POSITIVE)
+    top_p: float = option(1.0, Range(0, 1, low_open=True))
     kv_cache: bool = True
 
 
@@ -132,10 +88,10 @@ class OptimizerOptions:
       warmup: optimizer steps of linear learning-rate warmup.
     """
 
-    lr: float = _option(1e-3, POSITIVE)
-    weight_decay: float = _option(0.0, NON_NEGATIVE)
-    max_grad_norm: float = _option(1.0, POSITIVE)
-    warmup: int = _option(0, NON_NEGATIVE)
+    lr: float = option(1e-3, POSITIVE)
+    weight_decay: float = option(0.0, NON_NEGATIVE)
+    max_grad_norm: float = option(1.0, POSITIVE)
+    warmup: int = option(0, NON_NEGATIVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +103,8 @@ class UpdateOptions:
       micro_batches: group-aligned micro-batches per optimizer step.
     """
 
-    updates_per_rollout: int = _option(2, AT_LEAST_ONE)
-    micro_batches: int = _option(1, AT_LEAST_ONE)
+    updates_per_rollout: int = option(2, AT_LEAST_ONE)
+    micro_batches: int = option(1, AT_LEAST_ONE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +116,7 @@ class MeshOptions:
       fsdp: shard each parameter's largest axis over the devices (default: replicate).
     """
 
-    devices: int | None = _option(None, AT_LEAST_ONE)
+    devices: int | None = option(None, AT_LEAST_ONE)
     fsdp: bool = False
 
 
@@ -199,7 +155,7 @@ class TrainConfig:
       >>> TrainConfig().replace(stepz=1)
       Traceback (most recent call last):
       ...
-      dew.train.config.ConfigError: unknown option 'stepz'
+      dew.options.ConfigError: unknown option 'stepz'
     """
 
     objective: str = "grpo"
@@ -293,7 +249,7 @@ def resolve(
       >>> resolve(TrainConfig(objective="sft", task="nope"))  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
-      dew.train.config.ConfigError: unknown task 'nope'; available: ...
+      dew.options.ConfigError: unknown task 'nope'; available: ...
     """
     try:
         if objective is None:
@@ -305,22 +261,6 @@ def resolve(
     return objective, task
 
 
-def _check_ranges(options) -> None:
-    for field in dataclasses.fields(options):
-        valid = field.metadata.get("range")
-        if valid is None:
-            continue
-        value = getattr(options, field.name)
-        flag = "--" + field.name.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{flag} must be a number, got {value!r}")
-        if field.type in (int, int | None) and not isinstance(value, int):
-            raise ConfigError(f"{flag} must be a whole number, got {value}")
-        valid.check(flag, value)
-
-
 def validate(config: TrainConfig, objective: Objective, device_count: int | None = None) -> None:
     """Raise `ConfigError` on the first invalid option, naming it; builds nothing.
 
@@ -330,14 +270,14 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
       >>> validate(TrainConfig(objective="sft").replace(prompts=4, micro_batches=3), SFT())
       Traceback (most recent call last):
       ...
-      dew.train.config.ConfigError: --micro-batches (3) must divide --prompts (4)
+      dew.options.ConfigError: --micro-batches (3) must divide --prompts (4)
       >>> validate(TrainConfig().replace(lr=float("inf")), SFT())
       Traceback (most recent call last):
       ...
-      dew.train.config.ConfigError: --lr must be > 0, got inf
+      dew.options.ConfigError: --lr must be > 0, got inf
     """
     for section in SECTIONS:
-        _check_ranges(getattr(config, section))
+        check_options(getattr(config, section))
     rollout, update = config.rollout, config.update
     source = objective.source
     if rollout.group < source.min_group:

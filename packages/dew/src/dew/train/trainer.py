@@ -133,6 +133,7 @@ class Trainer:
             self.run_dir,
             {
                 **dataclasses.asdict(config),
+                "task": config.task if task is None else self.task.name,
                 "run": {**dataclasses.asdict(config.run), "out": str(self.run_dir)},
                 "model_config": dataclasses.asdict(policy.config),
             },

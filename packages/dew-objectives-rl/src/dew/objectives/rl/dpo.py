@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
+from dew.options import POSITIVE, check_options, option
 from dew.rl import preference_logsigmoid, preference_margins
 from dew.rollout.sources import BatchSource, Preferences
 
@@ -34,7 +35,10 @@ class DPO:
     needs_reference: ClassVar[bool] = True
     needs_values: ClassVar[bool] = False
 
-    beta: float = 0.1
+    beta: float = option(0.1, POSITIVE)
+
+    def __post_init__(self):
+        check_options(self)
 
     def prepare(self, batch: Batch) -> Batch:
         """The batch unchanged, once it is checked to hold whole pairs."""

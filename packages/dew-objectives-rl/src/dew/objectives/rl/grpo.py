@@ -6,6 +6,7 @@ and the policy follows a clipped surrogate of the token log ratios. The subclass
 """
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import jax
@@ -13,6 +14,15 @@ import jax.numpy as jnp
 
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
+from dew.options import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    ConfigError,
+    Range,
+    check_options,
+    option,
+)
 from dew.rl import (
     behavior_importance_weights,
     clipped_surrogate_terms,
@@ -24,6 +34,11 @@ from dew.rl import (
     token_mean,
 )
 from dew.rollout.sources import BatchSource, DynamicSampling, Sampled
+
+CLIP_LOW = Range(0, 1, high_open=True)
+"""The lower clip: the ratio's floor `1 - epsilon_low` stays above 0."""
+DUAL_CLIP = Range(1, math.inf, low_open=True, high_open=True)
+"""The dual clip bounds the loss of a negative advantage at `dual_clip * |A|`, above the clip."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +70,14 @@ class GRPO:
     source: ClassVar[BatchSource] = Sampled()
     needs_values: ClassVar[bool] = False
 
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    dual_clip: float | None = 3.0
-    beta: float = 0.04
-    tis_cap: float | None = None
+    epsilon_low: float = option(0.2, CLIP_LOW)
+    epsilon_high: float = option(0.2, NON_NEGATIVE)
+    dual_clip: float | None = option(3.0, DUAL_CLIP)
+    beta: float = option(0.04, NON_NEGATIVE)
+    tis_cap: float | None = option(None, POSITIVE)
+
+    def __post_init__(self):
+        check_options(self)
 
     @property
     def needs_reference(self) -> bool:
@@ -133,8 +151,8 @@ class DrGRPO(GRPO):
 
     name: ClassVar[str] = "dr_grpo"
 
-    beta: float = 0.0
-    max_tokens: int | None = None
+    beta: float = option(0.0, NON_NEGATIVE)
+    max_tokens: int | None = option(None, AT_LEAST_ONE)
 
     def advantages(self, batch: Batch) -> jax.Array:
         """`[B]` rewards minus their group mean."""
@@ -168,12 +186,20 @@ class DAPO(GRPO):
 
     name: ClassVar[str] = "dapo"
 
-    epsilon_high: float = 0.28
-    dual_clip: float | None = None
-    beta: float = 0.0
-    overlong_max_length: int = 20480
-    overlong_buffer: int = 4096
-    max_refills: int = 3
+    epsilon_high: float = option(0.28, NON_NEGATIVE)
+    dual_clip: float | None = option(None, DUAL_CLIP)
+    beta: float = option(0.0, NON_NEGATIVE)
+    overlong_max_length: int = option(20480, AT_LEAST_ONE)
+    overlong_buffer: int = option(4096, NON_NEGATIVE)
+    max_refills: int = option(3, NON_NEGATIVE)
+
+    def __post_init__(self):
+        check_options(self)
+        if self.overlong_buffer >= self.overlong_max_length:
+            raise ConfigError(
+                f"--overlong-buffer ({self.overlong_buffer}) must be below "
+                f"--overlong-max-length ({self.overlong_max_length})"
+            )
 
     @property
     def source(self) -> BatchSource:

@@ -6,7 +6,8 @@ from typing import ClassVar
 import jax
 
 from dew.batch import Batch
-from dew.objectives.rl.grpo import GRPO
+from dew.objectives.rl.grpo import CLIP_LOW, DUAL_CLIP, GRPO
+from dew.options import NON_NEGATIVE, option
 from dew.rl import sequence_log_ratio
 
 
@@ -24,10 +25,10 @@ class GSPO(GRPO):
 
     name: ClassVar[str] = "gspo"
 
-    epsilon_low: float = 3e-4
-    epsilon_high: float = 4e-4
-    dual_clip: float | None = None
-    beta: float = 0.0
+    epsilon_low: float = option(3e-4, CLIP_LOW)
+    epsilon_high: float = option(4e-4, NON_NEGATIVE)
+    dual_clip: float | None = option(None, DUAL_CLIP)
+    beta: float = option(0.0, NON_NEGATIVE)
 
     def log_ratio(self, token_log_probs: jax.Array, batch: Batch) -> jax.Array:
         """`[B, T]` sequence log ratio, each token carrying its own gradient."""

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
+from dew.objectives.rl.grpo import CLIP_LOW, DUAL_CLIP
+from dew.options import NON_NEGATIVE, POSITIVE, PROBABILITY, check_options, option
 from dew.rl import (
     clipped_surrogate,
     clipped_value_loss_terms,
@@ -46,14 +48,17 @@ class PPO:
     source: ClassVar[BatchSource] = Sampled()
     needs_values: ClassVar[bool] = True
 
-    gamma: float = 1.0
-    lam: float = 0.95
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    dual_clip: float | None = 3.0
-    value_clip: float = 0.2
-    value_coef: float = 1.0
-    kl_coef: float = 0.0
+    gamma: float = option(1.0, PROBABILITY)
+    lam: float = option(0.95, PROBABILITY)
+    epsilon_low: float = option(0.2, CLIP_LOW)
+    epsilon_high: float = option(0.2, NON_NEGATIVE)
+    dual_clip: float | None = option(3.0, DUAL_CLIP)
+    value_clip: float = option(0.2, POSITIVE)
+    value_coef: float = option(1.0, NON_NEGATIVE)
+    kl_coef: float = option(0.0, NON_NEGATIVE)
+
+    def __post_init__(self):
+        check_options(self)
 
     @property
     def needs_reference(self) -> bool:

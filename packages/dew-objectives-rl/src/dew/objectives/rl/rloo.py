@@ -7,6 +7,7 @@ import jax
 
 from dew.batch import Batch
 from dew.objectives.rl.grpo import GRPO
+from dew.options import NON_NEGATIVE, option
 from dew.rl import rloo_advantage
 
 
@@ -23,7 +24,7 @@ class RLOO(GRPO):
 
     name: ClassVar[str] = "rloo"
 
-    beta: float = 0.0
+    beta: float = option(0.0, NON_NEGATIVE)
 
     def advantages(self, batch: Batch) -> jax.Array:
         """`[B]` leave-one-out advantages."""

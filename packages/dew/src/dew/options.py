@@ -1,0 +1,118 @@
+"""Options with ranges: a dataclass field's default and the values it accepts, checked at once.
+
+The run's options (`dew.train.config`) and the objectives' hyperparameters are declared with
+`option(default, Range)`; `check_options` refuses a value outside its range, NaN and infinities
+included, with a one-line `ConfigError` naming the flag.
+"""
+
+import dataclasses
+import math
+import typing
+
+__all__ = [
+    "AT_LEAST_ONE",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "PROBABILITY",
+    "SEED",
+    "ConfigError",
+    "Range",
+    "check_options",
+    "option",
+]
+
+
+class ConfigError(ValueError):
+    """A training option is invalid; raised before anything is built or compiled."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values an option accepts: between `low` and `high`, each end open or closed.
+
+    NaN is in no range, and an infinity only in one whose closed end is infinite.
+
+    Examples:
+      >>> Range(0, 1, low_open=True).check("--top-p", 1.0)
+      >>> Range(0, 1, low_open=True).check("--top-p", float("nan"))
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --top-p must be in (0, 1], got nan
+    """
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        """True when `value` is inside."""
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return bool(above and below)
+
+    def describe(self) -> str:
+        """The range as a reader writes it: `> 0`, `>= 1`, `in (0, 1]`."""
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{self.low:g}, {self.high:g}{right}"
+
+    def check(self, flag: str, value: float | None) -> None:
+        """Raise `ConfigError` naming `flag` unless `value` is None or inside."""
+        if value is not None and not self.contains(value):
+            raise ConfigError(f"{flag} must be {self.describe()}, got {value}")
+
+
+POSITIVE = Range(0, math.inf, low_open=True, high_open=True)
+"""Finite and above 0."""
+NON_NEGATIVE = Range(0, math.inf, high_open=True)
+"""Finite and at least 0."""
+AT_LEAST_ONE = Range(1, math.inf, high_open=True)
+"""Finite and at least 1."""
+PROBABILITY = Range(0, 1)
+"""Between 0 and 1, both included."""
+SEED = Range(0, 2**32 - 1)
+"""The seeds numpy and JAX both accept."""
+
+
+def option(default, valid: Range | None = None):
+    """A dataclass field with its default and the `Range` its values must lie in.
+
+    Objectives declare their hyperparameters this way too, and call `check_options` in
+    `__post_init__`, so a bad value is refused when the objective is built.
+
+    Examples:
+      >>> @dataclasses.dataclass(frozen=True)
+      ... class Knob:
+      ...     scale: float = option(1.0, POSITIVE)
+      ...     def __post_init__(self):
+      ...         check_options(self)
+      >>> Knob(scale=float("nan"))
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --scale must be > 0, got nan
+    """
+    return dataclasses.field(default=default, metadata={"range": valid})
+
+
+def check_options(options) -> None:
+    """Raise `ConfigError` naming the first field of dataclass `options` outside its range.
+
+    A field declared with `option(default, Range)` must be a number (a whole one when annotated
+    `int`) inside its range; None passes where the field allows it.
+    """
+    hints = typing.get_type_hints(type(options))
+    for field in dataclasses.fields(options):
+        valid = field.metadata.get("range")
+        if valid is None:
+            continue
+        value = getattr(options, field.name)
+        flag = "--" + field.name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{flag} must be a number, got {value!r}")
+        if hints[field.name] in (int, int | None) and not isinstance(value, int):
+            raise ConfigError(f"{flag} must be a whole number, got {value}")
+        valid.check(flag, value)
