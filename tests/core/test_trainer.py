@@ -211,7 +211,7 @@ def test_bad_options_fail_before_anything_compiles(tmp_path, reinforce, changes,
 
 def test_an_existing_run_is_not_overwritten(tmp_path, reinforce):
     train(small(tmp_path, steps=1), objective=reinforce, quiet=True)
-    with pytest.raises(ConfigError, match="already holds a run"):
+    with pytest.raises(ConfigError, match="holds files that are not a new run"):
         train(small(tmp_path, steps=1), objective=reinforce, quiet=True)
     with pytest.raises(ConfigError, match="not a run folder"):
         train(small(tmp_path / "elsewhere", resume=True), objective=reinforce, quiet=True)

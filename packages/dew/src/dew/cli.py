@@ -10,7 +10,9 @@ import ast
 import dataclasses
 import inspect
 import re
+import signal
 import sys
+import threading
 import types
 import typing
 from pathlib import Path
@@ -243,12 +245,13 @@ def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParse
 
 
 def newest_run(root: Path = Path("runs")) -> Path:
-    """The most recent run folder under `root` (names are timestamps)."""
-    runs = (
-        sorted(p for p in root.glob("*") if (p / "config.json").exists()) if root.exists() else []
+    """The most recent run folder under `root` that has a checkpoint (names are timestamps)."""
+    runs = sorted(
+        p for p in (root.glob("*") if root.exists() else []) if any(p.glob("checkpoints/*"))
     )
     if not runs:
-        raise CommandError(f"--resume: no run folder under {root}/; pass --out")
+        raise CommandError(f"--resume: no run folder with a checkpoint under {root}/; pass --out")
+    print(f"dew: resuming {runs[-1]}, the newest run with a checkpoint", file=sys.stderr)
     return runs[-1]
 
 
@@ -397,6 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    """SIGTERM ends a command as Ctrl-C does: the run stops cleanly, its files written."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `dew` entry point; the exit status (also raised as `SystemExit` from the script).
 
@@ -434,13 +442,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"dew: error: unknown command {argv[0]!r}; use train or sample", file=sys.stderr)
         return 2
+    command = command_train if argv[0] == "train" else command_sample
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
-        if argv[0] == "train":
-            return command_train(argv[1:])
-        return command_sample(argv[1:])
+        return command(argv[1:])
     except CommandError as error:
         print(f"dew: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dew: interrupted; the last checkpoint is kept", file=sys.stderr)
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

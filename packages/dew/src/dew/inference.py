@@ -1,6 +1,7 @@
 """A trained run loaded back: its policy at the latest checkpoint, its task, samples from it."""
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,10 @@ class Run:
 
 
 def load_run(run_dir: str | Path, step: int | None = None) -> Run:
-    """The policy of `run_dir` at checkpoint `step` (default: the latest).
+    """The policy of `run_dir` at checkpoint `step` (default: the newest intact one).
 
-    `FileNotFoundError` when the folder is not a run or holds no checkpoint.
+    `FileNotFoundError` when the folder is not a run or holds no intact checkpoint; a damaged
+    newest checkpoint is moved aside with a one-line warning and the one before it is used.
 
     Examples:
       >>> import shutil, tempfile
@@ -56,13 +58,17 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
     task = get_task(config["task"], tokenizer=tokenizer, **config.get("task_options", {}))
     graphdef, params = nnx.split(build(ModelConfig(**config["model_config"]), 0))
     checkpoints = Checkpoints(run_dir / "checkpoints")
+    template = {"params": nnx.to_pure_dict(params)}
     try:
-        step = checkpoints.latest_step() if step is None else step
         if step is None:
-            raise FileNotFoundError(f"{run_dir} holds no checkpoint")
-        params = checkpoints.restore(step, {"params": nnx.to_pure_dict(params)})["params"]
+            step, restored = checkpoints.restore_latest(template, _warn)
+            if step is None:
+                raise FileNotFoundError(f"{run_dir} holds no intact checkpoint")
+        else:
+            restored = checkpoints.restore(step, template)
     finally:
         checkpoints.close()
+    params = restored["params"]
     return Run(graphdef, params, task, config, step)
 
 
@@ -81,6 +87,10 @@ def model_run(model: str, task: str = "reverse", seed: int = 0, **task_options) 
     task_instance = get_task(task, tokenizer=source.tokenizer(), **task_options)
     graphdef, params = nnx.split(source.policy(seed))
     return Run(graphdef, params, task_instance, {"model": model, "task": task}, 0)
+
+
+def _warn(message: str) -> None:
+    print(f"dew: warning: {message}", file=sys.stderr)
 
 
 def sample_run(

@@ -6,6 +6,11 @@ their dotted paths (`layers.0.self_attn.q_proj.kernel`) and restored into a temp
 shapes and shardings.
 """
 
+import contextlib
+import shutil
+import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,7 @@ import orbax.checkpoint as ocp
 __all__ = [
     "Checkpoints",
     "flatten",
+    "interrupts_deferred",
     "path_key",
     "unflatten",
 ]
@@ -59,6 +65,39 @@ def unflatten(template, flat: dict[str, Any]):
     return jax.tree_util.tree_unflatten(treedef, [flat[path_key(path)] for path, _ in paths])
 
 
+@contextlib.contextmanager
+def interrupts_deferred():
+    """A block that Ctrl-C and SIGTERM do not cut short: one received inside is raised as
+    `KeyboardInterrupt` when the block ends.
+
+    Only the main thread receives signals; elsewhere the block runs as it is.
+
+    Examples:
+      >>> import os, signal
+      >>> try:
+      ...     with interrupts_deferred():
+      ...         os.kill(os.getpid(), signal.SIGINT)
+      ...         finished = True
+      ... except KeyboardInterrupt:
+      ...     print("interrupted after the block:", finished)
+      interrupted after the block: True
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda number, _: received.append(number))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise KeyboardInterrupt
+
+
 def _abstract(x):
     sharding = getattr(x, "sharding", None)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
@@ -83,10 +122,14 @@ class Checkpoints:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: dict[str, Any]) -> None:
-        """Write `state` (named pytrees, one Orbax item each) as the checkpoint of `step`."""
+        """Write `state` (named pytrees, one Orbax item each) as the checkpoint of `step`.
+
+        Ctrl-C and SIGTERM wait until the save is done (`interrupts_deferred`).
+        """
         items = {name: ocp.args.StandardSave(flatten(tree)) for name, tree in state.items()}
-        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
-        self.manager.wait_until_finished()
+        with interrupts_deferred():
+            self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+            self.manager.wait_until_finished()
 
     def restore(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
         """The items of `template` saved at `step`, shaped and placed like it.
@@ -100,6 +143,30 @@ class Checkpoints:
         }
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         return {name: unflatten(template[name], restored[name]) for name in template}
+
+    def restore_latest(
+        self, template: dict[str, Any], warn: Callable[[str], None]
+    ) -> tuple[int | None, dict[str, Any]]:
+        """The newest checkpoint that restores, as `(step, items)`; `(None, {})` if none does.
+
+        A checkpoint that fails to restore (a truncated file, a missing item, an emptied step
+        folder) is moved aside to `damaged/<step>` beside the checkpoints folder, so its step can
+        be saved again and nothing is deleted, and `warn` is told in one line.
+        """
+        for step in reversed(self.all_steps()):
+            try:
+                return step, self.restore(step, template)
+            except Exception as error:  # orbax and TensorStore raise many kinds; all mean damage
+                aside = self.directory.parent / "damaged" / str(step)
+                aside.parent.mkdir(exist_ok=True)
+                shutil.move(self.directory / str(step), aside)
+                self.manager.reload()
+                reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
+                warn(
+                    f"checkpoint {step} in {self.directory} is damaged "
+                    f"({type(error).__name__}: {reason}); moved to {aside}, trying the one before"
+                )
+        return None, {}
 
     def items(self, step: int) -> list[str]:
         """The names of the items saved at `step`."""

@@ -1,5 +1,6 @@
 """The run folder's text files, `config.json` and `metrics.jsonl`, and the live progress display."""
 
+import contextlib
 import json
 import math
 import sys
@@ -13,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 __all__ = [
     "CONFIG",
     "METRICS",
+    "PRINT_EVERY_S",
     "Display",
     "MetricsFile",
     "default_run_dir",
@@ -23,6 +25,8 @@ __all__ = [
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
+PRINT_EVERY_S = 5.0
+"""Without a terminal, a progress line at least this often (and every twentieth of the run)."""
 
 
 def default_run_dir(root: str | Path = "runs") -> Path:
@@ -59,7 +63,9 @@ def write_config(run_dir: Path, config: dict[str, Any]) -> None:
         "task": "reverse"
       }
     """
-    (run_dir / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    partial = run_dir / f".{CONFIG}.partial"
+    partial.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    partial.replace(run_dir / CONFIG)  # atomic: a crash leaves the old record or the new one
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
@@ -93,11 +99,20 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
       >>> MetricsFile(run_dir).append({"step": 1, "reward": 0.5, "loss": float("nan")})
       >>> read_metrics(run_dir)  # NaN was written as null
       [{'step': 1, 'reward': 0.5, 'loss': None}]
+      >>> with (run_dir / METRICS).open("a") as torn:
+      ...     _ = torn.write('{"step": 2, "rew')
+      >>> [row["step"] for row in read_metrics(run_dir)]  # the torn last line is left out
+      [1]
     """
     path = Path(run_dir) / METRICS
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    # A last line torn by a crash mid-write is left out: its step never finished.
+    with contextlib.suppress(json.JSONDecodeError):
+        rows += [json.loads(line) for line in lines[-1:]]
+    return rows
 
 
 def _clean(value):
@@ -126,12 +141,17 @@ class MetricsFile:
 
 
 class Display:
-    """A rich progress bar (step, reward, steps/s) on a terminal; plain lines otherwise."""
+    """A rich progress bar (step, reward, steps/s) on a terminal; plain lines otherwise.
+
+    Without a terminal (a log file, CI) a line is printed every twentieth of the run and at least
+    every `PRINT_EVERY_S` seconds, so a long run is never silent for long.
+    """
 
     def __init__(self, total: int, start: int, console: Console | None = None, quiet: bool = False):
         self.console = console or Console(file=sys.stdout)
         self.total, self.quiet = total, quiet
         self.every = max(1, total // 20)
+        self.printed = time.monotonic()
         self.progress = None
         if not quiet and self.console.is_terminal:
             self.progress = Progress(
@@ -160,7 +180,12 @@ class Display:
                 loss=row["loss"],
                 rate=row["steps_per_s"],
             )
-        elif row["step"] % self.every == 0 or row["step"] == self.total:
+        elif (
+            row["step"] % self.every == 0
+            or row["step"] == self.total
+            or time.monotonic() - self.printed >= PRINT_EVERY_S
+        ):
+            self.printed = time.monotonic()
             self.console.print(
                 f"step {row['step']}/{self.total}  reward {row['reward']:.3f}  "
                 f"loss {row['loss']:.4f}  {row['steps_per_s']:.2f} steps/s  "

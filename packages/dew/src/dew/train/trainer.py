@@ -10,6 +10,7 @@ that raises stops it with the task and sample named: both leave the last checkpo
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +31,8 @@ from dew.tokenizers import Tokenizer
 from dew.train.callbacks import Callback, Checkpointing, MetricsLog, Progress, RewardPlot
 from dew.train.checkpoint import Checkpoints
 from dew.train.config import ConfigError, TrainConfig, resolve, validate
-from dew.train.runlog import CONFIG, default_run_dir, write_config
+from dew.train.folder import RunLock, check_folder, resume_changes, run_record
+from dew.train.runlog import default_run_dir, read_config, write_config
 from dew.train.update import UpdateSpec, compiled_update, optimizer
 
 __all__ = [
@@ -79,17 +81,6 @@ def step_prompts(task: Task, seed: int, step: int, n: int) -> list[list[int]]:
     return task.prompts(np.random.default_rng([seed, step]), n)
 
 
-def _run_dir(config: TrainConfig) -> Path:
-    """The run folder, checked (nothing is created here)."""
-    run_dir = Path(config.run.out) if config.run.out else default_run_dir()
-    if config.run.resume:
-        if not (run_dir / CONFIG).exists():
-            raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
-    elif (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
-        raise ConfigError(f"{run_dir} already holds a run; pass --resume or choose another --out")
-    return run_dir
-
-
 class Trainer:
     """One run: its policy, objective, task and run folder, stepped by `run`.
 
@@ -126,24 +117,18 @@ class Trainer:
         self.objective, self.task = resolve(config, objective, task, tokenizer)
         validate(config, self.objective)
         self.config, self.started = config, time.perf_counter()
-        self.run_dir = _run_dir(config)
-        policy = source.policy(config.run.seed, value_head=self.objective.needs_values)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(
-            self.run_dir,
-            {
-                **dataclasses.asdict(config),
-                "task": config.task if task is None else self.task.name,
-                "run": {**dataclasses.asdict(config.run), "out": str(self.run_dir)},
-                "model_config": dataclasses.asdict(policy.config),
-            },
-        )
-        self._place(policy)
-        self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
-        self.step = 0
-        if config.run.resume:
-            self._restore()
-        self.log = MetricsLog(self.run_dir, resumed_at=self.step if config.run.resume else None)
+        self.run_dir = Path(config.run.out) if config.run.out else default_run_dir()
+        check_folder(self.run_dir, config.run.resume)
+        resumed = config.run.resume
+        changes = resume_changes(self.run_dir, config, self.task.name) if resumed else {}
+        self.lock = RunLock(self.run_dir)
+        self.lock.acquire()
+        try:
+            self._open(source, changes)
+        except BaseException:
+            self.lock.release()
+            raise
+        self.log = MetricsLog(self.run_dir, resumed_at=self.step if resumed else None)
         self.callbacks: list[Callback] = [
             self.log,
             Progress(config.run.steps, self.step, console, quiet),
@@ -151,7 +136,34 @@ class Trainer:
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             *callbacks,
         ]
-        self.saved: int | None = self.step if config.run.resume else None
+        self.saved: int | None = self.step if resumed else None
+
+    def _open(self, source: ModelSource, changes: dict[str, Any]) -> None:
+        """Load and place the policy, restore a resumed run, and write the run's record."""
+        config = self.config
+        policy = source.policy(config.run.seed, value_head=self.objective.needs_values)
+        self._place(policy)
+        self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
+        self.step = 0
+        history = []
+        if config.run.resume:
+            history = read_config(self.run_dir).get("changes", [])
+            self._restore()
+            if config.run.steps < self.step:
+                raise ConfigError(
+                    f"--resume: --steps ({config.run.steps}) is below the step the run resumes "
+                    f"from ({self.step})"
+                )
+            if changes:
+                history.append({"step": self.step, **{k: list(v) for k, v in changes.items()}})
+        entry = run_record(
+            config,
+            self.run_dir,
+            task=self.task.name,
+            model_config=dataclasses.asdict(policy.config),
+            changes=history,
+        )
+        write_config(self.run_dir, entry)
 
     def _place(self, policy) -> None:
         """Split the policy and lay it out, with the optimizer and reference, on the mesh."""
@@ -188,13 +200,12 @@ class Trainer:
         return held
 
     def _restore(self) -> None:
-        latest = self.checkpoints.latest_step()
-        if latest is None:
-            raise ConfigError(f"--resume: {self.run_dir} has no checkpoint yet")
-        restored = self.checkpoints.restore(latest, self.state())
+        step, restored = self.checkpoints.restore_latest(self.state(), _warn)
+        if step is None:
+            raise ConfigError(f"--resume: {self.run_dir} has no intact checkpoint")
         self.params, self.opt_state = restored["params"], restored["opt_state"]
         self.ref_params = restored.get("ref_params")
-        self.step = latest
+        self.step = step
 
     def save(self) -> None:
         """Checkpoint the current state as the checkpoint of the current step."""
@@ -292,7 +303,12 @@ class Trainer:
             for callback in self.callbacks:
                 callback.on_end(self)
             self.checkpoints.close()
+            self.lock.release()
         return self.log.rows
+
+
+def _warn(message: str) -> None:
+    print(f"dew: warning: {message}", file=sys.stderr)
 
 
 def _rollout_metrics(sampled: Rollout) -> dict[str, float]:
@@ -343,7 +359,7 @@ def train(
       >>> config = TrainConfig(objective="sft", model="tiny").replace(steps=2, prompts=2, out=out)
       >>> result = train(config, quiet=True)
       >>> [row["step"] for row in result.history], sorted(p.name for p in result.run_dir.iterdir())
-      ([1, 2], ['checkpoints', 'config.json', 'metrics.jsonl', 'reward.png'])
+      ([1, 2], ['.lock', 'checkpoints', 'config.json', 'metrics.jsonl', 'reward.png'])
       >>> 0.0 <= result.greedy_reward <= 1.0
       True
       >>> shutil.rmtree(out)

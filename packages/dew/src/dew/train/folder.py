@@ -1,0 +1,176 @@
+"""The run folder: where it may be, one writer at a time, and what a resume may change.
+
+A run folder has one writer: a training process holds an exclusive lock on `.lock` inside it for
+as long as it runs (the operating system drops it when the process dies, however it dies). A
+fresh run needs a folder that does not exist yet or is empty. A resumed run's `config.json` is
+the truth: options that define the run must match it, and the ones that may change (`--steps`,
+`--checkpoint-every`) are recorded as changes with the step they took effect at.
+"""
+
+import dataclasses
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+from dew.options import ConfigError
+from dew.train.config import TrainConfig
+from dew.train.runlog import CONFIG, read_config
+
+__all__ = [
+    "LOCK",
+    "MAY_CHANGE_ON_RESUME",
+    "RunLock",
+    "check_folder",
+    "resume_changes",
+    "run_record",
+]
+
+LOCK = ".lock"
+MAY_CHANGE_ON_RESUME = ("steps", "checkpoint_every")
+"""The options a resumed run may change; every other one defines the run."""
+_NOT_OPTIONS = ("out", "resume")
+
+
+def check_folder(run_dir: Path, resume: bool) -> None:
+    """Raise `ConfigError` unless `run_dir` can hold this run; creates nothing.
+
+    A fresh run needs a folder that does not exist or is empty, under a writable place; a resumed
+    one needs a run folder (one with `config.json`).
+
+    Examples:
+      >>> import tempfile
+      >>> root = Path(tempfile.mkdtemp())
+      >>> check_folder(root / "new", resume=False)
+      >>> (root / "notes.txt").write_text("mine")
+      4
+      >>> check_folder(root, resume=False)  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --out ... holds files that are not a new run; ...
+      >>> check_folder(root / "notes.txt" / "run", resume=False)  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --out .../notes.txt/run: .../notes.txt is a file, not a folder
+    """
+    for place in (run_dir, *run_dir.parents):
+        if place.exists():
+            break
+    if not place.is_dir():
+        raise ConfigError(f"--out {run_dir}: {place} is a file, not a folder")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {run_dir}: {place} is not writable")
+    if resume:
+        if not (run_dir / CONFIG).is_file():
+            raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
+    elif place == run_dir and any(p.name != LOCK for p in run_dir.iterdir()):
+        raise ConfigError(
+            f"--out {run_dir} holds files that are not a new run; pass --resume to continue a "
+            "run there, or choose another --out"
+        )
+
+
+class RunLock:
+    """The exclusive lock of a run folder, held from `acquire` to `release`.
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> first = RunLock(run_dir)
+      >>> first.acquire()
+      >>> RunLock(run_dir).acquire()  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: ... is being written by another dew process (pid ...)
+      >>> first.release()
+      >>> RunLock(run_dir).acquire()
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK
+        self.handle = None
+
+    def acquire(self) -> None:
+        """Take the lock, creating the folder if needed; `ConfigError` when another holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise ConfigError(
+                f"{self.path.parent} is being written by another dew process (pid {holder})"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self.handle = handle
+
+    def release(self) -> None:
+        """Drop the lock (closing the file releases it)."""
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def resume_changes(run_dir: Path, config: TrainConfig, task_name: str) -> dict[str, Any]:
+    """The options `config` changes against the run recorded in `run_dir`, as `{name: (was,
+    now)}`; `ConfigError` naming the first option that defines the run and differs.
+
+    Examples:
+      >>> import json, tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> recorded = TrainConfig().replace(steps=20)
+      >>> _ = (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(recorded)))
+      >>> resume_changes(run_dir, recorded.replace(steps=40), "reverse")
+      {'steps': (20, 40)}
+      >>> resume_changes(run_dir, recorded.replace(group=4), "reverse")
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --resume: --group is 4 here but the run has 8; it defines the run
+    """
+    recorded = read_config(run_dir)
+    saved = TrainConfig.from_record(recorded).flat()
+    saved["task"] = recorded.get("task", saved["task"])
+    now = {**config.flat(), "task": task_name}
+    changes = {}
+    for name, was in saved.items():
+        if name in _NOT_OPTIONS or now[name] == was:
+            continue
+        if name in MAY_CHANGE_ON_RESUME:
+            changes[name] = (was, now[name])
+            continue
+        what, was, is_now = _difference(name, was, now[name])
+        raise ConfigError(
+            f"--resume: {what} is {is_now} here but the run has {was}; it defines the run"
+        )
+    return changes
+
+
+def _difference(name: str, was, now) -> tuple[str, Any, Any]:
+    """The flag that differs, with both values; inside the option dicts, the first key."""
+    if not name.endswith("_options"):
+        return _flag(name), was, now
+    key = min(key for key in {*was, *now} if was.get(key) != now.get(key))
+    what = _flag(key) if name == "objective_options" else f"--task-option {key}"
+    return what, was.get(key), now.get(key)
+
+
+def run_record(config: TrainConfig, run_dir: Path, **extra) -> dict[str, Any]:
+    """What `config.json` holds: the config with its run folder, and `extra` entries.
+
+    Examples:
+      >>> entry = run_record(TrainConfig(), Path("runs/a"), task="reverse")
+      >>> entry["run"]["out"], entry["task"], entry["run"]["steps"]
+      ('runs/a', 'reverse', 250)
+    """
+    values = dataclasses.asdict(config)
+    values["run"] = {**values["run"], "out": str(run_dir), "resume": False}
+    return {**values, **extra}

@@ -1,0 +1,153 @@
+"""The run folder under mistakes and faults: one writer, the record is the truth, nothing lost."""
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dew import cli
+from dew.options import ConfigError
+from dew.train import TrainConfig, train
+from dew.train.checkpoint import Checkpoints
+from dew.train.folder import RunLock
+from dew.train.runlog import Display, read_metrics
+
+COMMON = ["--objective", "sft", "--model", "tiny", "--prompts", "4", "--quiet"]
+
+
+def small(out, **changes) -> TrainConfig:
+    options = {"model": "tiny", "prompts": 4, "steps": 3, "checkpoint_every": 1, "out": str(out)}
+    return TrainConfig(objective="sft").replace(**{**options, **changes})
+
+
+def one_line_error(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_resume_refuses_a_changed_option_and_writes_nothing(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert cli.main(["train", *COMMON, "--steps", "2", "--out", str(run)]) == 0
+    record = (run / "config.json").read_bytes()
+    for flags, message in [
+        (["--objective", "dpo"], "--objective is dpo here but the run has sft"),
+        (["--group", "4"], "--group is 4 here but the run has 8"),
+        (["--lr", "0.5"], "--lr is 0.5 here but the run has 0.001"),
+        (["--task-option", "max_len=4"], "--task-option max_len is 4 here but the run has None"),
+        (["--steps", "1"], r"--steps \(1\) is below the step the run resumes from \(2\)"),
+    ]:
+        err = one_line_error(capsys, ["train", "--resume", "--out", str(run), "--quiet", *flags])
+        assert re.search(message, err), err
+        assert (run / "config.json").read_bytes() == record
+    # The run is intact: a plain resume continues it.
+    assert cli.main(["train", "--resume", "--out", str(run), "--steps", "3", "--quiet"]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["run"]["steps"] == 3 and saved["changes"] == [{"step": 2, "steps": [2, 3]}]
+    assert [row["step"] for row in read_metrics(run)] == [1, 2, 3]
+
+
+def test_a_run_folder_has_one_writer(tmp_path):
+    lock = RunLock(tmp_path / "run")
+    lock.acquire()  # as a running `dew train` holds it
+    try:
+        with pytest.raises(ConfigError, match=r"is being written by another dew process \(pid"):
+            train(small(tmp_path / "run"), quiet=True)
+    finally:
+        lock.release()
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: (p / "run").mkdir() or (p / "run" / "notes.txt").write_text("x"), "holds files"),
+        (lambda p: (p / "run").write_text("x"), "is a file, not a folder"),
+    ],
+)
+def test_a_folder_that_is_not_a_new_run_is_refused(capsys, tmp_path, make, message):
+    make(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    err = one_line_error(capsys, ["train", *COMMON, "--out", str(tmp_path / "run")])
+    assert message in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_an_out_under_a_file_is_refused(capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    err = one_line_error(capsys, ["train", *COMMON, "--out", str(tmp_path / "file" / "run")])
+    assert "is a file, not a folder" in err
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(capsys, tmp_path):
+    run = tmp_path / "run"
+    first = train(small(run), quiet=True)
+    step_three = run / "checkpoints" / "3"
+    for data in step_three.rglob("*"):
+        if data.is_file() and data.stat().st_size > 100:
+            data.write_bytes(data.read_bytes()[:50])  # truncated
+    with (run / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"step": 4, "rew')  # a line torn by a crash
+    assert cli.main(["sample", "--run", str(run), "--n", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "run " + str(run) + ", step 2" in captured.out
+    warning = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and "checkpoint 3" in warning[0] and "damaged" in warning[0]
+    assert (run / "damaged" / "3").is_dir()  # moved aside, not deleted
+    resumed = train(small(run, resume=True), quiet=True)
+    assert [row["step"] for row in resumed.history] == [1, 2, 3]
+    assert Checkpoints(run / "checkpoints").latest_step() == 3
+    assert resumed.history[:2] == first.history[:2]
+
+
+def test_resume_without_out_picks_the_newest_run_with_a_checkpoint(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(small(tmp_path / "runs" / "20260101-000000", steps=1), quiet=True)
+    (tmp_path / "runs" / "20260102-000000").mkdir()  # newer, but never checkpointed
+    (tmp_path / "runs" / "20260102-000000" / "config.json").write_text("{}")
+    assert cli.main(["train", "--resume", "--steps", "2", "--quiet"]) == 0
+    assert "resuming runs/20260101-000000" in capsys.readouterr().err
+
+
+def test_without_a_terminal_progress_is_printed_by_time_too(monkeypatch):
+    from dew.train import runlog
+
+    out = io.StringIO()
+    display = Display(1000, 0, Console(file=out, force_terminal=False))
+    row = {"reward": 0.5, "loss": 1.0, "steps_per_s": 2.0, "time": 1.0}
+    display.update({**row, "step": 1})
+    assert out.getvalue() == ""  # not a twentieth of the run yet, and too soon
+    monkeypatch.setattr(runlog, "PRINT_EVERY_S", 0.0)
+    display.update({**row, "step": 2})
+    assert out.getvalue().startswith("step 2/1000")
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
+    run = tmp_path / "run"
+    argv = ["train", *COMMON[:-1], "--steps", "100000", "--checkpoint-every", "1", "--out", run]
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dew"), *map(str, argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    deadline = time.monotonic() + 120
+    while not list(run.glob("checkpoints/*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "dew: interrupted; the last checkpoint is kept"
+    assert (run / "reward.png").exists()
+    assert Checkpoints(Path(run) / "checkpoints").latest_step() is not None
