@@ -151,3 +151,37 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     assert err.strip().splitlines()[-1] == "dew: interrupted; the last checkpoint is kept"
     assert (run / "reward.png").exists()
     assert Checkpoints(Path(run) / "checkpoints").latest_step() is not None
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
+    capsys, tmp_path, monkeypatch
+):
+    run = tmp_path / "run"
+    real_save = Checkpoints.save
+
+    def save(self, step, state):
+        if step == 2:
+            raise OSError(28, "No space left on device")
+        real_save(self, step, state)
+
+    monkeypatch.setattr(Checkpoints, "save", save)
+    argv = ["train", *COMMON, "--steps", "3", "--checkpoint-every", "1", "--out", str(run)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "could not write the checkpoint of step 2" in err and "No space left" in err
+    assert "checkpoint of step 1 kept" in err
+    assert Checkpoints(run / "checkpoints").latest_step() == 1
+
+
+def test_running_out_of_memory_names_the_settings_to_lower(capsys, tmp_path, monkeypatch):
+    from dew.train.trainer import Trainer
+
+    def exhausted(self, step):
+        raise MemoryError
+
+    monkeypatch.setattr(Trainer, "rollout_phase", exhausted)
+    assert cli.main(["train", *COMMON, "--steps", "2", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "out of memory at step 1: lower --prompts (4) or --group (8)" in err

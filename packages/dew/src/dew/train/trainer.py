@@ -208,9 +208,24 @@ class Trainer:
         self.step = step
 
     def save(self) -> None:
-        """Checkpoint the current state as the checkpoint of the current step."""
-        self.checkpoints.save(self.step, self.state())
+        """Checkpoint the current state as the checkpoint of the current step.
+
+        `TrainingError` when it cannot be written (a full disk, a folder gone): the checkpoints
+        saved before stay as they were.
+        """
+        try:
+            self.checkpoints.save(self.step, self.state())
+        except OSError as error:
+            raise TrainingError(
+                f"could not write the checkpoint of step {self.step} in "
+                f"{self.checkpoints.directory}: {error.strerror or error}; {self._kept()}"
+            ) from error
         self.saved = self.step
+
+    def _kept(self) -> str:
+        if self.saved is None:
+            return "no checkpoint saved"
+        return f"checkpoint of step {self.saved} kept"
 
     def sample(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
         """A scored `Rollout` of `group` completions per prompt from the current policy."""
@@ -257,10 +272,20 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, Any]:
         """Rollout, batch, update: the metrics row of step `step`."""
         began = time.perf_counter()
-        rolled = self.rollout_phase(step)
-        batch, source_metrics = self.objective.source.batch(rolled)
-        rollout_s = time.perf_counter() - began
-        metrics = self.update_phase(batch)
+        try:
+            rolled = self.rollout_phase(step)
+            batch, source_metrics = self.objective.source.batch(rolled)
+            rollout_s = time.perf_counter() - began
+            metrics = self.update_phase(batch)
+        except (MemoryError, jax.errors.JaxRuntimeError) as error:
+            if not _out_of_memory(error):
+                raise
+            options = self.config.rollout
+            raise TrainingError(
+                f"out of memory at step {step}: lower --prompts ({options.prompts}) or --group "
+                f"({options.group}), or raise --micro-batches ({self.config.update.micro_batches})"
+                f"; {self._kept()}"
+            ) from error
         finished = time.perf_counter()
         self.step = step
         return {
@@ -276,14 +301,9 @@ class Trainer:
 
     def _check(self, row: dict[str, Any]) -> None:
         if not row["finite"] or not math.isfinite(row["loss"]):
-            kept = (
-                f"checkpoint of step {self.saved} kept"
-                if self.saved is not None
-                else "no checkpoint saved"
-            )
             raise TrainingError(
                 f"non-finite loss ({row['loss']}) at step {row['step']}; stopped without "
-                f"saving it ({kept} in {self.run_dir / 'checkpoints'})"
+                f"saving it ({self._kept()} in {self.run_dir / 'checkpoints'})"
             )
 
     def run(self) -> list[dict[str, Any]]:
@@ -305,6 +325,10 @@ class Trainer:
             self.checkpoints.close()
             self.lock.release()
         return self.log.rows
+
+
+def _out_of_memory(error: Exception) -> bool:
+    return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error)
 
 
 def _warn(message: str) -> None:
