@@ -322,8 +322,11 @@ def off_policy_diagnostics(
       0.000 0.000 1.000
     """
     name = "off_policy_diagnostics"
-    log_ratio, mask = _log_ratio(name, old_log_probs, behavior_log_probs, mask)
-    _, (old_log_probs, behavior_log_probs) = kept_floats(mask, old_log_probs, behavior_log_probs)
+    check_rank(name, "old_log_probs", old_log_probs, 2, "[B, T]")
+    check_same_shape(name, "behavior_log_probs", behavior_log_probs, "old_log_probs", old_log_probs)
+    check_same_shape(name, "mask", mask, "old_log_probs", old_log_probs)
+    mask, (old_log_probs, behavior_log_probs) = kept_floats(mask, old_log_probs, behavior_log_probs)
+    log_ratio = old_log_probs - behavior_log_probs
     train = masked_mean(old_log_probs, mask, axis=1)
     rollout = masked_mean(behavior_log_probs, mask, axis=1)
     difference = rollout - train

@@ -201,8 +201,14 @@ def importance_weighted_k3_kl(
       [0.1065 0.2642]
     """
     name = "importance_weighted_k3_kl"
+    check_same_shape(name, "ref_log_probs", ref_log_probs, "log_probs", log_probs)
     check_same_shape(name, "old_log_probs", old_log_probs, "log_probs", log_probs)
-    d, mask = _difference(name, log_probs, ref_log_probs, mask)
-    _, (log_probs, old_log_probs) = kept_floats(mask, log_probs, old_log_probs)
+    if mask is not None:
+        check_same_shape(name, "mask", mask, "log_probs", log_probs)
+    # One upcast per input: a bf16 input's gradient then sums its uses in float32.
+    mask, (log_probs, ref_log_probs, old_log_probs) = kept_floats(
+        mask, log_probs, ref_log_probs, old_log_probs
+    )
+    d = log_probs - ref_log_probs
     ratio = jnp.exp(log_probs - old_log_probs)
     return jnp.where(mask, ratio * (jnp.exp(-d) + d - 1), 0)
