@@ -27,6 +27,8 @@ import numpy as np
 import dew.rl as rl
 
 RESULTS = Path(__file__).parent / "results"
+VOCABULARY = 8
+"""The entropy functions' vocabulary: small, so `[B, T, V]` logits fit beside the rest."""
 LOSSES = {
     "clipped_surrogate",
     "clipped_value_loss_terms",
@@ -37,6 +39,12 @@ LOSSES = {
     "masked_mean",
     "constant_length_mean",
     "token_log_ratio",
+    "cispo_terms",
+    "sapo_terms",
+    "k3_kl_straight_through",
+    "sequence_mean_token_mean",
+    "token_entropy",
+    "ipo_preference_loss",
 }
 
 
@@ -84,7 +92,74 @@ def inputs(name: str, b: int, t: int, dtype, key) -> tuple[tuple, dict]:
     completions = jax.random.uniform(keys[0], (b * t,), jnp.float32).astype(dtype)
     rewards = completions[:b]
     lp, old, ref = (-jnp.abs(x) for x in floats[:3])
+    row_mask = mask[: b - b % 8]
+    pairs = (lp[0::2], lp[1::2], mask[0::2], mask[1::2])
+    logits = jax.random.normal(keys[4], (b, t, VOCABULARY), jnp.float32).astype(dtype)
+    per_token = {
+        # name: the arguments after (log_probs, old_log_probs, advantages, mask)
+        "cispo_terms": {},
+        "sapo_terms": {},
+        "gmpo_terms": {},
+        "dppo_tv_terms": {},
+        "dppo_kl_terms": {},
+        "kl_cov_terms": {},
+        "dro_terms": {"beta": 0.5},
+    }
     table = {
+        **{name: ((lp, old, floats[2], mask), static) for name, static in per_token.items()},
+        "clip_cov_terms": ((lp, old, floats[2], mask, jax.random.key(0, impl="unsafe_rbg")), {}),
+        "reinforce_terms": ((lp, floats[2], mask), {}),
+        "two_sided_clipped_surrogate_terms": ((0.1 * floats[0], floats[1], mask), {"delta": 4.0}),
+        "k1_kl": ((lp, ref), {}),
+        "abs_kl": ((lp, ref), {}),
+        "k2_kl": ((lp, ref), {}),
+        "k3_kl_straight_through": ((lp, ref), {}),
+        "importance_weighted_k3_kl": ((lp, ref, old), {}),
+        "token_sum": ((floats[0], mask), {}),
+        "token_mean_parts": ((floats[0], mask), {}),
+        "sequence_mean_token_mean": ((floats[0], mask), {}),
+        "sequence_mean_token_mean_parts": ((floats[0], mask), {}),
+        "sequence_mean_token_sum": ((floats[0], mask), {}),
+        "sequence_mean_token_sum_parts": ((floats[0], mask), {}),
+        "sequence_mean_token_sum_norm": ((floats[0], mask), {}),
+        "sequence_mean_token_sum_norm_parts": ((floats[0], mask), {}),
+        "reinforce_plus_plus_advantage": ((floats[0], mask), {"gamma": 1.0}),
+        "reinforce_plus_plus_baseline_advantage": (
+            (rewards[: row_mask.shape[0]], row_mask),
+            {"group": 8},
+        ),
+        "remax_advantage": ((floats[0], rewards, mask), {}),
+        "opo_advantage": ((rewards[: row_mask.shape[0]], row_mask), {"group": 8}),
+        "gpg_advantage": ((completions,), {"group": 8}),
+        "pass_at_k_advantage": ((completions,), {"group": 8}),
+        "gdpo_advantage": (
+            (jnp.stack([rewards, 1 - rewards], axis=1)[: row_mask.shape[0]], row_mask),
+            {"group": 8},
+        ),
+        "batch_std_advantage": ((completions,), {"group": 8}),
+        "sequence_importance_weights": ((lp, old, mask), {"cap": 2.0}),
+        "masked_importance_weights": ((lp, old, mask), {"low": 0.5, "high": 2.0}),
+        "masked_sequence_importance_weights": ((lp, old, mask), {"low": 0.5, "high": 2.0}),
+        "rejection_mask": (
+            (lp, old, mask),
+            {"estimator": "k3", "level": "sequence_mean", "upper": 0.1},
+        ),
+        "batch_normalized_weights": ((jnp.exp(ref), mask), {}),
+        "effective_sample_size": ((jnp.exp(ref), mask), {}),
+        "off_policy_diagnostics": ((lp, old, mask), {}),
+        "token_entropy": ((logits, mask), {}),
+        "mean_token_entropy": ((logits, mask), {}),
+        "sigmoid_preference_loss": ((completions,), {"label_smoothing": 0.1}),
+        "robust_preference_loss": ((completions,), {"label_smoothing": 0.1}),
+        "hinge_preference_loss": ((completions,), {}),
+        "ipo_preference_loss": (
+            (lp[0::2], lp[1::2], ref[0::2], ref[1::2], mask[0::2], mask[1::2]),
+            {"beta": 0.1},
+        ),
+        "simpo_loss": (pairs, {"beta": 2.0, "gamma": 1.0}),
+        "orpo_odds_ratio_loss": (pairs, {}),
+        "kto_loss": ((completions, completions > 0.5, jnp.float32(0.1)), {}),
+        "bradley_terry_loss": ((completions, completions[::-1]), {}),
         "behavior_importance_weights": ((lp, old, mask), {"cap": 2.0}),
         "clipped_surrogate": ((0.1 * floats[0], floats[1], mask), {}),
         "clipped_surrogate_terms": ((0.1 * floats[0], floats[1], mask), {}),
@@ -268,7 +343,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64x512,256x4096,1024x8192")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--functions", default="", help="comma-separated; all when empty")
+    parser.add_argument(
+        "--functions",
+        default="",
+        help="comma-separated; all when empty. Given, their rows replace theirs in the recorded "
+        "results and GAE's forms are not rerun",
+    )
     args = parser.parse_args()
     sizes = [tuple(int(n) for n in s.split("x")) for s in args.sizes.split(",")]
     names = (
@@ -289,15 +369,27 @@ def main() -> None:
         for dtype in (jnp.float32, jnp.bfloat16):
             for name in names:
                 rows += bench_function(name, b, t, dtype, args.repeats, key)
-    forms = [row for b, t in sizes for row in bench_gae_forms(b, t, args.repeats, key)]
+    out = RESULTS / "rl_math.json"
+    previous = json.loads(out.read_text()) if args.functions and out.exists() else None
+    if previous is None:
+        forms = [row for b, t in sizes for row in bench_gae_forms(b, t, args.repeats, key)]
+    else:
+        forms = previous["gae_forms"]
     machine["copy_GB_s"] = statistics.median(row["copy_GB_s"] for row in rows + forms)
     print(f"machine: {machine}")
     columns = ["function", "B", "T", "dtype", "mode", "ms", "min_bytes_MB", "GB_s", "x_floor"]
     print(table(rows, [*columns, "copy_GB_s"]))
     print("\nGAE forms (float32, unwhitened advantages)")
     print(table(forms, ["form", "B", "T", "ms", "x_floor", "x_fastest", "max_abs_diff"]))
+    if previous is not None:
+        measured = {(r["function"], r["B"], r["T"], r["dtype"], r["mode"]) for r in rows}
+        kept = [
+            r
+            for r in previous["functions"]
+            if (r["function"], r["B"], r["T"], r["dtype"], r["mode"]) not in measured
+        ]
+        rows = kept + rows
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "rl_math.json"
     out.write_text(
         json.dumps({"machine": machine, "functions": rows, "gae_forms": forms}, indent=1)
     )

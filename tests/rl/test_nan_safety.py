@@ -288,3 +288,180 @@ def test_the_padding_check_catches_a_multiply_by_mask_gae_with_a_float_mask():
         err_msg="the multiply-form GAE must agree with dew on clean input for this to mean much",
     )
     assert not np.all(np.isfinite(np.asarray(dirty)[KEEP])), "the NaN reaches kept steps"
+
+
+# --- the issue-15 families, one compilation per family ------------------------------------------
+# Each family's functions run together on shared arrays; a NaN or inf in any function's padding
+# shows in its own outputs and in the summed gradient. Float masks only: the stricter kind.
+
+FAMILY_KEY = jax.random.key(0, impl="unsafe_rbg")
+
+
+def _negative(seed: int) -> np.ndarray:
+    return -np.abs(_data(seed)) - 0.05
+
+
+def test_kl_estimators_and_value_loss_ignore_poisoned_padding():
+    def family(log_probs, ref_log_probs, old_log_probs, mask):
+        return {
+            "k1": rl.k1_kl(log_probs, ref_log_probs, mask=mask),
+            "abs": rl.abs_kl(log_probs, ref_log_probs, mask=mask),
+            "k2": rl.k2_kl(log_probs, ref_log_probs, mask=mask),
+            "k3": rl.k3_kl(log_probs, ref_log_probs, mask=mask),
+            "k3+": rl.k3_kl_straight_through(log_probs, ref_log_probs, mask=mask),
+            "weighted_k3": rl.importance_weighted_k3_kl(
+                log_probs, ref_log_probs, old_log_probs, mask=mask
+            ),
+            "value": rl.clipped_value_loss_terms(
+                log_probs, ref_log_probs, old_log_probs, clip=0.2, mask=mask
+            ),
+        }
+
+    arrays = [_negative(40), _negative(41), _negative(42)]
+    assert_padding_is_inert(family, arrays, KEEP, np.float32)
+
+
+def test_k3_kl_without_its_mask_leaks_a_nan_gradient():
+    # Why the mask keyword exists: jnp.where on the output alone does not stop 0 * nan.
+    def loss(log_probs, ref_log_probs):
+        return rl.token_mean(rl.k3_kl(log_probs, ref_log_probs), KEEP)
+
+    grad = jax.grad(loss, 1)(_negative(43), _pad(_negative(44), KEEP, np.nan))
+    assert not np.all(np.isfinite(np.asarray(grad)))
+
+
+def test_aggregations_ignore_poisoned_padding():
+    def family(x, mask):
+        return {
+            "token_mean_parts": rl.token_mean_parts(x, mask),
+            "token_sum": rl.token_sum(x, mask),
+            "seq_mean_token_mean": rl.sequence_mean_token_mean_parts(x, mask),
+            "seq_mean_token_sum": rl.sequence_mean_token_sum_parts(x, mask),
+            "seq_mean_token_sum_norm": rl.sequence_mean_token_sum_norm_parts(x, mask, length=8),
+            "means": (
+                rl.sequence_mean_token_mean(x, mask),
+                rl.sequence_mean_token_sum(x, mask),
+                rl.sequence_mean_token_sum_norm(x, mask),
+            ),
+        }
+
+    assert_padding_is_inert(family, [_data(45)], KEEP, np.float32)
+
+
+def test_policy_gradient_terms_ignore_poisoned_padding():
+    def family(log_probs, old_log_probs, advantages, mask):
+        args = (log_probs, old_log_probs, advantages, mask)
+        return {
+            "cispo": rl.cispo_terms(*args),
+            "sapo": rl.sapo_terms(*args),
+            "gmpo": rl.gmpo_terms(*args),
+            "dppo_tv": rl.dppo_tv_terms(*args),
+            "dppo_kl": rl.dppo_kl_terms(*args),
+            "clip_cov": rl.clip_cov_terms(*args, FAMILY_KEY, clip_ratio=0.5, cov_low=0.0),
+            "kl_cov": rl.kl_cov_terms(*args, kl_ratio=0.3),
+            "dro": rl.dro_terms(*args, beta=0.5),
+            "reinforce": rl.reinforce_terms(log_probs, advantages, mask),
+            "reinforce_weighted": rl.reinforce_terms(
+                log_probs, advantages, mask, jnp.exp(old_log_probs)
+            ),
+            "two_sided": rl.two_sided_clipped_surrogate_terms(
+                log_probs - old_log_probs, advantages, mask, delta=2.0
+            ),
+        }
+
+    arrays = [_negative(46), _negative(47), _data(48)]
+    assert_padding_is_inert(family, arrays, KEEP, np.float32)
+
+
+def test_rollout_corrections_ignore_poisoned_padding():
+    def family(old_log_probs, behavior_log_probs, mask):
+        args = (old_log_probs, behavior_log_probs, mask)
+        token = rl.behavior_importance_weights(*args, cap=2.0)
+        return {
+            "sequence": rl.sequence_importance_weights(*args, cap=2.0),
+            "masked": rl.masked_importance_weights(*args, 0.5, 2.0),
+            "masked_sequence": rl.masked_sequence_importance_weights(*args, 0.2, 5.0),
+            "rejections": [
+                rl.rejection_mask(*args, estimator, level, 0.5).astype(jnp.float32)
+                for estimator, level in (
+                    ("k1", "token"),
+                    ("k2", "sequence_sum"),
+                    ("k3", "sequence_mean"),
+                    ("k3", "sequence_max"),
+                )
+            ],
+            "normalised": rl.batch_normalized_weights(token, mask),
+            "normalised_sequence": rl.batch_normalized_weights(token, mask, sequence=True),
+            "ess": rl.effective_sample_size(token, mask),
+            "diagnostics": rl.off_policy_diagnostics(*args),
+        }
+
+    arrays = [_negative(49), _negative(50)]
+    assert_padding_is_inert(family, arrays, KEEP, np.float32)
+
+
+def test_token_returns_ignore_poisoned_padding():
+    def family(token_rewards, mask):
+        return {
+            "reinforce_pp": rl.reinforce_plus_plus_advantage(token_rewards, mask, 0.9),
+            "remax": rl.remax_advantage(token_rewards, jnp.ones(B), mask),
+        }
+
+    # Advantages are data, not differentiated: values only, as for gae.
+    mask = jnp.asarray(KEEP.astype(np.float32))
+    run = jax.jit(lambda rewards: jax.tree.leaves(family(rewards, mask)))
+    clean = run(_pad(_data(51), KEEP, 0.0))
+    for poison in POISONS:
+        for got, want in zip(run(_pad(_data(51), KEEP, poison)), clean, strict=True):
+            got = np.asarray(got)[KEEP]
+            assert np.all(np.isfinite(got)), f"{poison} in padding"
+            np.testing.assert_array_equal(got, np.asarray(want)[KEEP])
+
+
+def test_token_entropy_ignores_poisoned_logits():
+    logits = np.random.default_rng(52).normal(size=(B, T, 6)).astype(np.float32)
+    mask = jnp.asarray(KEEP.astype(np.float32))
+
+    def loss(logits):
+        return rl.mean_token_entropy(logits, mask) + jnp.sum(
+            rl.token_entropy(logits, mask, chunk_size=3)
+        )
+
+    run = jax.jit(lambda x: (loss(x), jax.grad(loss)(x)))
+    clean = run(np.where(KEEP[..., None], logits, 0).astype(np.float32))
+    for poison in POISONS:
+        dirty = run(np.where(KEEP[..., None], logits, np.float32(poison)).astype(np.float32))
+        for got, want in zip(dirty, clean, strict=True):
+            assert np.all(np.isfinite(got)), f"{poison} in padding"
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.asarray(dirty[1])[~KEEP], 0.0)
+
+
+def test_length_averaged_preference_losses_ignore_poisoned_padding():
+    chosen = np.array([KEEP[0], KEEP[1], KEEP[2], KEEP[1]])  # no empty completion
+    rejected = np.array([KEEP[2], KEEP[0], KEEP[1], KEEP[0]])
+    masks = [chosen, rejected, chosen, rejected]
+    arrays = [_negative(53), _negative(54), _negative(55), _negative(56)]
+
+    def loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected):
+        mc, mr = jnp.asarray(chosen, jnp.float32), jnp.asarray(rejected, jnp.float32)
+        return (
+            rl.ipo_preference_loss(
+                policy_chosen, policy_rejected, ref_chosen, ref_rejected, mc, mr, beta=0.5
+            ),
+            rl.simpo_loss(policy_chosen, policy_rejected, mc, mr, beta=2.0, gamma=0.5),
+            rl.orpo_odds_ratio_loss(policy_chosen, policy_rejected, mc, mr),
+        )
+
+    def total(*xs):
+        return sum(jnp.sum(out) for out in loss(*xs))
+
+    run = jax.jit(lambda *xs: (loss(*xs), jax.grad(total, range(4))(*xs)))
+    clean = run(*[_pad(a, m, 0.0) for a, m in zip(arrays, masks, strict=True)])
+    for poison in POISONS:
+        dirty = run(*[_pad(a, m, poison) for a, m in zip(arrays, masks, strict=True)])
+        for got, want in zip(jax.tree.leaves(dirty), jax.tree.leaves(clean), strict=True):
+            assert np.all(np.isfinite(got)), f"{poison} in padding"
+            np.testing.assert_array_equal(got, want, err_msg=f"{poison} in padding")
+        for grad, m in zip(dirty[1], masks, strict=True):
+            np.testing.assert_array_equal(np.asarray(grad)[~m], 0.0)

@@ -24,3 +24,17 @@ def as_float(*arrays: jax.Array) -> list[jax.Array]:
     arrays = [jnp.asarray(a) for a in arrays]
     dtype = compute_dtype(*arrays)
     return [a.astype(dtype) for a in arrays]
+
+
+def kept_floats(mask: jax.Array | None, *arrays: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+    """The mask as bool and the arrays in their compute dtype, 0 wherever the mask drops.
+
+    A `None` mask keeps every position. Replacing before any arithmetic is what keeps a NaN or
+    inf in padding out of both the value and the gradient: `where` on an output alone does not
+    stop `0 * nan` in the backward pass.
+    """
+    arrays = as_float(*arrays)
+    if mask is None:
+        return jnp.ones(jnp.shape(arrays[0]), bool), arrays
+    mask = jnp.asarray(mask).astype(bool)
+    return mask, [jnp.where(mask, a, 0) for a in arrays]
