@@ -103,7 +103,10 @@ class Rollout(NamedTuple):
 
     Attributes:
       batch: the `Batch` on device.
-      tokens, prompt_mask, completion_mask, behavior_log_probs: NumPy copies of the batch's.
+      tokens: NumPy copy of the batch's `tokens`.
+      prompt_mask: NumPy copy of the batch's `prompt_mask`.
+      completion_mask: NumPy copy of the batch's `completion_mask`.
+      behavior_log_probs: NumPy copy of the batch's `behavior_log_probs`.
       rewards: `[B]` NumPy rewards.
       sample_s: seconds the sampler took, transfer to the host included.
     """
