@@ -6,14 +6,16 @@ Run by hand in a throwaway environment that has Tunix (which brings its own jax)
     python -m venv /tmp/tunix-venv && /tmp/tunix-venv/bin/pip install google-tunix==0.1.7
     PYTHONPATH=packages/dew-rl/src /tmp/tunix-venv/bin/python benchmarks/gae_tunix.py
 
-Both functions are jitted and warm, take the same float32 `[B, T]` rewards and values (Tunix its
-mask as float32, the form it multiplies by) and are timed in turn, one call of each per repeat,
-so a slow moment of this shared machine slows both alike; each timed call follows one untimed
-call. Also timed: `gae`'s previous form (`where_scan_whitened_time_major` of `rl_math.py`).
-Prints a table; writes `benchmarks/results/gae_tunix.json`.
+All are jitted and warm, take the same float32 `[B, T]` rewards and values (Tunix its
+mask as float32, the form it multiplies by) and are timed in turn, one call of each per repeat
+and each repeat starting with the next function, so a slow moment of this shared machine slows
+all alike; each timed call follows one untimed call. Also timed: `gae`'s previous form
+(`where_scan_whitened_time_major` of `rl_math.py`). Prints a table; writes
+`benchmarks/results/gae_tunix.json`.
 """
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import platform
@@ -59,8 +61,11 @@ def main() -> None:
         name: jax.block_until_ready(call(rewards, values, m)) for name, (call, m) in calls.items()
     }
     seconds = {name: [] for name in calls}
-    for _ in range(args.repeats):
-        for name, (call, m) in calls.items():
+    names = list(calls)
+    for repeat in range(args.repeats):
+        # Each repeat starts with the next function, so none always runs first.
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            call, m = calls[name]
             jax.block_until_ready(call(rewards, values, m))
             began = time.perf_counter()
             jax.block_until_ready(call(rewards, values, m))
@@ -87,6 +92,7 @@ def main() -> None:
         "devices": jax.device_count(),
         "cpu": platform.processor() or platform.machine(),
         "jax": jax.__version__,
+        "tunix": importlib.metadata.version("google-tunix"),
         "repeats": args.repeats,
     }
     print(f"machine: {machine}")

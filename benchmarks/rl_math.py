@@ -183,6 +183,29 @@ def where_scan(rewards, values, mask, gamma, lam):
     return out
 
 
+def blend_step(discount, trace):
+    """The recursion's step blending its carries by multiplying: exact on finite input only."""
+
+    def step(carry, inputs):
+        advantage, next_value = carry
+        reward, value, keep = inputs
+        delta = reward + discount * next_value - value
+        advantage = keep * (delta + trace * advantage) + (1 - keep) * advantage
+        next_value = keep * value + (1 - keep) * next_value
+        return (advantage, next_value), advantage
+
+    return step
+
+
+def finite_before_scan(rewards, values, mask, gamma, lam):
+    """Unwhitened advantages, time-major: masked inputs set to 0 before a `blend_step` scan."""
+    step = blend_step(jnp.float32(gamma), jnp.float32(gamma * lam))
+    kept = (jnp.where(mask, x, 0).T for x in (rewards, values))
+    start = (jnp.zeros(rewards.shape[0], jnp.float32),) * 2
+    _, out = jax.lax.scan(step, start, (*kept, mask.T.astype(jnp.float32)), reverse=True)
+    return out
+
+
 def columns_loop(rewards, values, mask, gamma, lam):
     """Unwhitened advantages, `[B, T]`: a loop over T reading and writing columns in place."""
     step = where_step(jnp.float32(gamma), jnp.float32(gamma * lam))
@@ -250,20 +273,23 @@ def where_scan_whitened_time_major(rewards, values, mask, gamma, lam):
 
 GAE_FORMS = {
     "gae": rl.gae,
+    "finite_before_scan": whitened_by_row(finite_before_scan, time_major=True),
     "where_scan": whitened_by_row(where_scan, time_major=True),
     "where_scan_whitened_time_major": where_scan_whitened_time_major,
     "columns_loop": whitened_by_row(columns_loop),
     "associative_scan": whitened_by_row(associative),
 }
-"""`gae` as shipped (masked inputs made finite once, a multiply-blend scan over `[T, B]`, the
-whitening in `[B, T]`), then the alternatives it was measured against."""
+"""`gae` as shipped (a scan over `[T, B]` that zeroes each step's masked inputs and blends its
+carries by multiplying, the whitening in `[B, T]`), then the alternatives it was measured
+against."""
 
 
 def bench_gae_forms(b, t, repeats, key) -> list[dict]:
     """Each whole-`gae` form at B x T in float32: time, ratio to the fastest, max difference.
 
-    Taken in turn, one repeat of each form after the other, so a slow moment of the machine
-    slows all of them alike; the difference is to `dew.rl.gae`'s two results at kept positions.
+    Taken in turn, one call of each form per repeat, each repeat starting with the next form, so a
+    slow moment of the machine slows all of them alike; the difference is to `dew.rl.gae`'s two
+    results at kept positions.
     """
     keys = jax.random.split(key, 3)
     rewards = jax.random.normal(keys[0], (b, t), jnp.float32)
@@ -278,8 +304,11 @@ def bench_gae_forms(b, t, repeats, key) -> list[dict]:
     outputs = {form: jax.block_until_ready(call(*arguments)) for form, call in compiled.items()}
     seconds = {form: [] for form in compiled}
     copies = []
-    for _ in range(repeats):
-        for form, call in compiled.items():
+    forms = list(compiled)
+    for repeat in range(repeats):
+        # Each repeat starts with the next form, so none always runs first.
+        for form in forms[repeat % len(forms) :] + forms[: repeat % len(forms)]:
+            call = compiled[form]
             began = time.perf_counter()
             jax.block_until_ready(plus_one(floor_array()))
             copies.append(time.perf_counter() - began)

@@ -191,3 +191,19 @@ def test_the_block_reader_sees_python_blocks_and_skips_the_others():
         ("{.python .no-run}", "never()\n"),
         ("bash", "ls\n"),
     ]
+
+
+ARROW = (
+    "dew.rl may import dew core; today it imports none of it, and the rl-framework-free contract "
+    "keeps it framework-free; nothing else under dew but dew.objectives.rl imports dew.rl."
+)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["README.md", "docs/index.md", "docs/design/plan.md", ".importlinter"],
+)
+def test_the_arrow_is_stated_in_the_same_words_everywhere(path):
+    """The README, the home page, the plan and import-linter's guidance say the same thing."""
+    text = (ROOT / path).read_text().replace("`", "").replace("*", "")
+    assert ARROW in " ".join(text.split()), path
