@@ -1,9 +1,9 @@
 """mkdocs hook: the benchmarks page's tables are rendered from `benchmarks/results/*.json`.
 
 A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
-`<!-- bench: gae_tunix -->` or `<!-- bench: train -->`; the hook replaces each with a table of the numbers the scripts last
-wrote, so the page shows what was measured, not what someone typed. The prose around the tables
-quotes the same files.
+`<!-- bench: gae_tunix -->` or `<!-- bench: train -->`; the hook replaces each with a table of the
+numbers the scripts last wrote, so the page shows what was measured, not what someone typed. The
+prose around the tables quotes the same files.
 """
 
 import json
@@ -71,13 +71,13 @@ def gae_tunix_table() -> str:
             f"`{row['function']}`",
             f"{row['B']}x{row['T']}",
             f"{row['ms']:.3g}",
-            f"{row['ms_range'][0]:.3g}–{row['ms_range'][1]:.3g}",
+            f"{row['ms_range'][0]:.3g} to {row['ms_range'][1]:.3g}",
             f"{row['x_tunix']:.2f}",
             f"{row['max_abs_diff_to_tunix']:.1e}",
         ]
         for row in load("gae_tunix")["rows"]
     ]
-    header = ["function", "BxT", "median ms", "fastest–slowest ms", "x Tunix", "max abs diff"]
+    header = ["function", "BxT", "median ms", "fastest to slowest ms", "x Tunix", "max abs diff"]
     return markdown_table(header, rows)
 
 
