@@ -159,6 +159,9 @@ class DAPO(GRPO):
     and overlong reward shaping, `overlong_penalty` added to each reward before the advantages.
 
     Attributes:
+      epsilon_high: how far above 1 the ratio is clipped (0.28, the paper's clip-higher).
+      dual_clip: the dual-clip bound for negative advantages (None: the paper has none).
+      beta: the KL coefficient (0: the paper drops the KL term).
       overlong_max_length: the paper's `L_max` (20480): completions of `L_max` tokens or more
         get the whole penalty, -1.
       overlong_buffer: the paper's `L_cache` (4096): completions longer than
