@@ -8,7 +8,8 @@ must move at least (each input read once, each output written once), the effecti
 ratio of its time to the floor `bytes / copy bandwidth`, where the copy bandwidth is that of
 `x + 1` over a 256 MiB float32 array (one read, one write), timed in alternation with the
 function (see `timed`). The group functions get one reward per completion, B x T of them. Then
-GAE's three forms side by side. Prints tables; writes `benchmarks/results/rl_math.json`.
+whole-function alternatives to `gae`, timed in turn (see `GAE_FORMS`). Prints tables; writes
+`benchmarks/results/rl_math.json`.
 """
 
 import argparse
@@ -230,20 +231,59 @@ def bench_function(name, b, t, dtype, repeats, key) -> list[dict]:
     return rows
 
 
-# The three forms of GAE's recursion. Each returns the unwhitened advantages; `gae` whitens them.
+# Whole-function alternatives to `dew.rl.gae`: each takes what `gae` takes and returns what it
+# returns, `(whitened advantages, returns)`, so each is timed as a caller pays for it. They differ
+# in how the recursion runs and in which layout the whitening reduces.
 
 
-def gae_scan_transposed(rewards, values, mask, gamma, lam):
-    """`lax.scan` over T of the transposed `[T, B]` arrays: the usual form, one row per step."""
-    step = rl.advantage._gae_step(jnp.float32(gamma), jnp.float32(gamma * lam))
+def where_step(discount, trace):
+    """The recursion's step selecting its carries with `jnp.where`: safe on non-finite input."""
+
+    def step(carry, inputs):
+        advantage, next_value = carry
+        reward, value, keep = inputs
+        delta = reward + discount * next_value - value
+        advantage = jnp.where(keep, delta + trace * advantage, advantage)
+        next_value = jnp.where(keep, value, next_value)
+        return (advantage, next_value), advantage
+
+    return step
+
+
+def where_scan(rewards, values, mask, gamma, lam):
+    """Unwhitened advantages, time-major `[T, B]`: `lax.scan` with `jnp.where` carries."""
+    step = where_step(jnp.float32(gamma), jnp.float32(gamma * lam))
     start = (jnp.zeros(rewards.shape[0], jnp.float32),) * 2
     _, out = jax.lax.scan(step, start, (rewards.T, values.T, mask.T), reverse=True)
-    return out.T
+    return out
 
 
-def gae_scan_untransposed(rewards, values, mask, gamma, lam):
-    """A loop over T that reads and writes columns of the `[B, T]` arrays in place."""
-    step = rl.advantage._gae_step(jnp.float32(gamma), jnp.float32(gamma * lam))
+def blend_step(discount, trace):
+    """The recursion's step blending its carries by multiplying: exact on finite input only."""
+
+    def step(carry, inputs):
+        advantage, next_value = carry
+        reward, value, keep = inputs
+        delta = reward + discount * next_value - value
+        advantage = keep * (delta + trace * advantage) + (1 - keep) * advantage
+        next_value = keep * value + (1 - keep) * next_value
+        return (advantage, next_value), advantage
+
+    return step
+
+
+def finite_before_scan(rewards, values, mask, gamma, lam):
+    """Unwhitened advantages, time-major: masked inputs set to 0 before a `blend_step` scan."""
+    step = blend_step(jnp.float32(gamma), jnp.float32(gamma * lam))
+    kept = (jnp.where(mask, x, 0).T for x in (rewards, values))
+    start = (jnp.zeros(rewards.shape[0], jnp.float32),) * 2
+    _, out = jax.lax.scan(step, start, (*kept, mask.T.astype(jnp.float32)), reverse=True)
+    return out
+
+
+def columns_loop(rewards, values, mask, gamma, lam):
+    """Unwhitened advantages, `[B, T]`: a loop over T reading and writing columns in place."""
+    step = where_step(jnp.float32(gamma), jnp.float32(gamma * lam))
     steps = rewards.shape[1]
 
     def body(i, state):
@@ -257,8 +297,8 @@ def gae_scan_untransposed(rewards, values, mask, gamma, lam):
     return jax.lax.fori_loop(0, steps, body, start)[1]
 
 
-def gae_associative(rewards, values, mask, gamma, lam):
-    """`lax.associative_scan` over the affine recurrence `A_t = c_t A_{t+1} + b_t`.
+def associative(rewards, values, mask, gamma, lam):
+    """Unwhitened advantages, `[B, T]`: `lax.associative_scan` over `A_t = c_t A_{t+1} + b_t`.
 
     The next kept value is itself a scan (the nearest kept position to the right); then
     `c_t = gamma lam` and `b_t = delta_t` where the step is kept, `c_t = 1` and `b_t = 0` where
@@ -288,37 +328,87 @@ def gae_associative(rewards, values, mask, gamma, lam):
     return advantages
 
 
+def whitened_by_row(recursion, time_major=False):
+    """`gae` from a recursion: whitened in `[B, T]`, its results transposed first if time-major."""
+
+    def whole(rewards, values, mask, gamma, lam):
+        advantages = recursion(rewards, values, mask, gamma, lam)
+        advantages = advantages.T if time_major else advantages
+        return rl.masked_whiten(advantages, mask), advantages + values
+
+    return whole
+
+
+def where_scan_whitened_time_major(rewards, values, mask, gamma, lam):
+    """`gae` as it was: `jnp.where` scan, whitened time-major, both results transposed back."""
+    advantages = where_scan(rewards, values, mask, gamma, lam)
+    whitened = rl.masked_whiten(advantages, mask.T)
+    return whitened.T, (advantages + values.T).T
+
+
 GAE_FORMS = {
-    "scan_transposed": gae_scan_transposed,
-    "scan_untransposed": gae_scan_untransposed,
-    "associative_scan": gae_associative,
+    "gae": rl.gae,
+    "finite_before_scan": whitened_by_row(finite_before_scan, time_major=True),
+    "where_scan": whitened_by_row(where_scan, time_major=True),
+    "where_scan_whitened_time_major": where_scan_whitened_time_major,
+    "columns_loop": whitened_by_row(columns_loop),
+    "associative_scan": whitened_by_row(associative),
 }
+"""`gae` as shipped (a scan over `[T, B]` that zeroes each step's masked inputs and blends its
+carries by multiplying, the whitening in `[B, T]`), then the alternatives it was measured
+against."""
 
 
 def bench_gae_forms(b, t, repeats, key) -> list[dict]:
-    """The three forms at B x T in float32: time, ratio to the fastest, max difference."""
+    """Each whole-`gae` form at B x T in float32: time, ratio to the fastest, max difference.
+
+    Taken in turn, one call of each form per repeat, each repeat starting with the next form, so a
+    slow moment of the machine slows all of them alike; the difference is to `dew.rl.gae`'s two
+    results at kept positions.
+    """
     keys = jax.random.split(key, 3)
     rewards = jax.random.normal(keys[0], (b, t), jnp.float32)
     values = jax.random.normal(keys[1], (b, t), jnp.float32)
     mask = jnp.arange(t)[None, :] < jax.random.randint(keys[2], (b, 1), t // 2, t + 1)
-    reference = jax.jit(lambda r, v, m: gae_scan_transposed(r, v, m, 1.0, 0.95))(
-        rewards, values, mask
-    )
+    arguments = (rewards, values, mask)
+    compiled = {
+        form: jax.jit(lambda r, v, m, f=function: f(r, v, m, 1.0, 0.95))
+        for form, function in GAE_FORMS.items()
+    }
+    reference = jax.block_until_ready(compiled["gae"](*arguments))
+    outputs = {form: jax.block_until_ready(call(*arguments)) for form, call in compiled.items()}
+    seconds = {form: [] for form in compiled}
+    copies = []
+    forms = list(compiled)
+    for repeat in range(repeats):
+        # Each repeat starts with the next form, so none always runs first.
+        for form in forms[repeat % len(forms) :] + forms[: repeat % len(forms)]:
+            call = compiled[form]
+            began = time.perf_counter()
+            jax.block_until_ready(plus_one(floor_array()))
+            copies.append(time.perf_counter() - began)
+            jax.block_until_ready(call(*arguments))
+            began = time.perf_counter()
+            jax.block_until_ready(call(*arguments))
+            seconds[form].append(time.perf_counter() - began)
+    bandwidth = 2 * floor_array().nbytes / statistics.median(copies)
     rows = []
-    for form, function in GAE_FORMS.items():
-        compiled = jax.jit(lambda r, v, m, f=function: f(r, v, m, 1.0, 0.95))
-        out = compiled(rewards, values, mask)
-        seconds, bandwidth = timed(compiled, rewards, values, mask, repeats=repeats)
-        moved = nbytes((rewards, values, mask)) + nbytes(out)
+    for form, out in outputs.items():
+        median = statistics.median(seconds[form])
+        moved = nbytes(arguments) + nbytes(out)
+        difference = max(
+            float(jnp.max(jnp.abs(jnp.where(mask, got - expected, 0))))
+            for got, expected in zip(out, reference, strict=True)
+        )
         rows.append(
             {
                 "form": form,
                 "B": b,
                 "T": t,
-                "ms": 1e3 * seconds,
-                "x_floor": seconds / (moved / bandwidth),
+                "ms": 1e3 * median,
+                "x_floor": median / (moved / bandwidth),
                 "copy_GB_s": bandwidth / 1e9,
-                "max_abs_diff": float(jnp.max(jnp.abs(jnp.where(mask, out - reference, 0)))),
+                "max_abs_diff": difference,
             }
         )
     fastest = min(row["ms"] for row in rows)
@@ -379,7 +469,7 @@ def main() -> None:
     print(f"machine: {machine}")
     columns = ["function", "B", "T", "dtype", "mode", "ms", "min_bytes_MB", "GB_s", "x_floor"]
     print(table(rows, [*columns, "copy_GB_s"]))
-    print("\nGAE forms (float32, unwhitened advantages)")
+    print("\nGAE: the whole function, as shipped and its alternatives (float32)")
     print(table(forms, ["form", "B", "T", "ms", "x_floor", "x_fastest", "max_abs_diff"]))
     if previous is not None:
         measured = {(r["function"], r["B"], r["T"], r["dtype"], r["mode"]) for r in rows}

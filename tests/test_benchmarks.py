@@ -2,8 +2,9 @@
 
 `benchmarks/` is run by hand and measures; this only checks, on tiny shapes, that each public
 `dew.rl` function is benchmarked and accepts what the script feeds it, and that the GAE forms
-it compares agree, so a new function or a changed signature cannot silently break the script;
-and that the recorded results the docs render cover every function, so a new one is measured.
+it compares agree with `gae`, so a new function or a changed signature cannot silently break
+the script; and that the recorded results the docs render cover every function, so a new one
+is measured.
 """
 
 import importlib.util
@@ -35,12 +36,14 @@ def test_the_gae_forms_agree_with_gae():
     keys = jax.random.split(jax.random.key(0), 3)
     rewards, values = (jax.random.normal(k, (4, 32)) for k in keys[:2])
     mask = jnp.arange(32)[None, :] < jax.random.randint(keys[2], (4, 1), 16, 33)
-    expected, _ = rl.gae(rewards, values, mask, 1.0, 0.95)
+    expected = rl.gae(rewards, values, mask, 1.0, 0.95)
+    assert rl_math.GAE_FORMS["gae"] is rl.gae
     for name, form in rl_math.GAE_FORMS.items():
-        advantages = rl.masked_whiten(form(rewards, values, mask, 1.0, 0.95), mask)
-        np.testing.assert_allclose(
-            np.where(mask, advantages, 0), np.where(mask, expected, 0), atol=1e-5, err_msg=name
-        )
+        got = form(rewards, values, mask, 1.0, 0.95)
+        for got_one, expected_one in zip(got, expected, strict=True):
+            np.testing.assert_allclose(
+                np.where(mask, got_one, 0), np.where(mask, expected_one, 0), atol=1e-5, err_msg=name
+            )
 
 
 def test_the_recorded_results_cover_every_function_at_every_size_and_dtype():

@@ -167,4 +167,4 @@ def test_the_benchmarks_page_shows_every_measured_function(site):
     for name in callables:
         # one row per size, forward at least
         assert text.count(f" {name} ") >= 3, name
-    assert "scan_transposed" in text and "time to mean reward 0.95" in text
+    assert "where_scan_whitened_time_major" in text and "time to mean reward 0.95" in text

@@ -1,7 +1,8 @@
 """The one-way arrow, read from the source with `ast`.
 
-`dew.rl` may read `dew` core; nothing under `dew` outside `dew.rl` and `dew.objectives.rl` may read
-`dew.rl` (nor `dew.objectives.rl`, which reads it). `dew.rl` itself imports only jax, numpy, the
+`dew.rl` may import `dew` core; today it imports none of it, and the `rl-framework-free` contract
+keeps it framework-free; nothing else under `dew` but `dew.objectives.rl` imports `dew.rl` (nor
+`dew.objectives.rl`, which imports it). `dew.rl` itself imports only jax, numpy, the
 standard library and the framework-free core modules in `ALLOWED_CORE`. `.importlinter` says the
 same to import-linter; this walker needs nothing installed, sees every spelling of an import
 (relative ones and `importlib.import_module("...")` included) and proves it can fail on a planted

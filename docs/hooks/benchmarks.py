@@ -1,9 +1,9 @@
 """mkdocs hook: the benchmarks page's tables are rendered from `benchmarks/results/*.json`.
 
-A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`
-or `<!-- bench: train -->`; the hook replaces each with a table of the numbers the scripts last
-wrote, so the page shows what was measured, not what someone typed. The prose around the tables
-quotes the same files.
+A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
+`<!-- bench: gae_tunix -->` or `<!-- bench: train -->`; the hook replaces each with a table of the
+numbers the scripts last wrote, so the page shows what was measured, not what someone typed. The
+prose around the tables quotes the same files.
 """
 
 import json
@@ -48,7 +48,7 @@ def rl_math_table(b: int, t: int) -> str:
 
 
 def gae_forms_table() -> str:
-    """GAE's three forms at every size: ms, multiple of the floor and of the fastest, exactness."""
+    """`gae` and its alternatives at every size: ms, multiples of the floor and of the fastest."""
     rows = [
         [
             f"{row['B']}x{row['T']}",
@@ -60,7 +60,24 @@ def gae_forms_table() -> str:
         ]
         for row in load("rl_math")["gae_forms"]
     ]
-    header = ["BxT", "form", "ms", "x floor", "x fastest", "max abs diff"]
+    header = ["BxT", "form", "ms", "x floor", "x fastest", "max abs diff to gae"]
+    return markdown_table(header, rows)
+
+
+def gae_tunix_table() -> str:
+    """`gae` beside Tunix's `compute_gae_advantages`, timed in turn in one run."""
+    rows = [
+        [
+            f"`{row['function']}`",
+            f"{row['B']}x{row['T']}",
+            f"{row['ms']:.3g}",
+            f"{row['ms_range'][0]:.3g} to {row['ms_range'][1]:.3g}",
+            f"{row['x_tunix']:.2f}",
+            f"{row['max_abs_diff_to_tunix']:.1e}",
+        ]
+        for row in load("gae_tunix")["rows"]
+    ]
+    header = ["function", "BxT", "median ms", "fastest to slowest ms", "x Tunix", "max abs diff"]
     return markdown_table(header, rows)
 
 
@@ -95,6 +112,7 @@ def train_table() -> str:
 def machine_table() -> str:
     """Where each script last ran, as the scripts recorded it."""
     math, train = load("rl_math")["machine"], load("train")["machine"]
+    tunix = load("gae_tunix")["machine"]
     rows = [
         [
             "`rl_math.py`",
@@ -102,6 +120,12 @@ def machine_table() -> str:
             f"{math['cpu']}",
             f"jax {math['jax']}",
             f"{math['copy_GB_s']:.2f} GB/s",
+        ],
+        [
+            "`gae_tunix.py`",
+            f"JAX {tunix['platform']} backend: {tunix['devices']} device, {tunix['cpu']}",
+            f"jax {tunix['jax']}, Tunix {tunix['tunix']}",
+            "",
         ],
         [
             "`train.py`",
@@ -122,6 +146,8 @@ def expand(match: re.Match) -> str:
         return rl_math_table(int(match["b"]), int(match["t"]))
     if table == "gae_forms":
         return gae_forms_table()
+    if table == "gae_tunix":
+        return gae_tunix_table()
     if table == "train":
         return train_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")

@@ -8,8 +8,9 @@ trainer, `entropy` the policy's entropy, and `masked` and `aggregate` the masked
 turn per-token terms into a loss. None of them knows about a model, an objective, the trainer or
 a batch dict, so an objective composes them and this package is testable on fixed arrays.
 
-The import arrow points one way. `dew.rl` may read `dew`; nothing under `dew` outside `dew.rl`
-and `dew.objectives.rl` may read `dew.rl`. That one-way arrow keeps the split into a separate
+The import arrow points one way. `dew.rl` may import `dew` core; today it imports none of it,
+and the `rl-framework-free` contract keeps it framework-free; nothing else under `dew` but
+`dew.objectives.rl` imports `dew.rl`. That one-way arrow keeps the split into a separate
 distribution a directory move (`docs/design/plan.md`, section 5.1). `tests/test_rl_imports.py`
 walks the tree and fails when either half of that stops being true.
 

@@ -2,7 +2,8 @@
 # Ported from verl (verl/trainer/ppo/core_algos.py at revision
 # d040717b21af2e23e8e789a3e354cff2394ae2de) and Tunix 0.1.7 (tunix/rl/algo_core.py), both licensed
 # under the Apache License, Version 2.0 (LICENSE-APACHE); see NOTICE. Changes: rewritten in JAX
-# from the formulas; groups are a reshape; masks select with jnp.where instead of multiplying.
+# from the formulas; groups are a reshape; masks select with jnp.where (gae's scan selects its
+# inputs, then blends its carries by multiplying as the references do, on finite numbers only).
 """Advantages: rewards in, advantages out.
 
 `group_advantage` and `rloo_advantage` score each completion against the others drawn for the
@@ -180,15 +181,23 @@ def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array
 
 
 def _gae_step(discount: jax.Array, trace: jax.Array):
-    """One backward step of the masked GAE recursion, for `lax.scan` over time."""
+    """One backward step of the masked GAE recursion, for `lax.scan` over time.
+
+    The step's reward and value are set to 0 where masked, so every number that reaches the
+    arithmetic is finite; the carries are then blended by multiplying by the 0/1 mask, which is
+    exact: one of the blend's two products is the carry itself and the other exactly 0.
+    """
 
     def step(carry, inputs):
         advantage, next_value = carry
-        reward, value, keep = inputs
+        reward, value, mask = inputs
+        reward = jnp.where(mask, reward, 0)
+        value = jnp.where(mask, value, 0)
+        keep = mask.astype(jnp.float32)
         delta = reward + discount * next_value - value
         candidate = delta + trace * advantage
-        advantage = jnp.where(keep, candidate, advantage)
-        next_value = jnp.where(keep, value, next_value)
+        advantage = keep * candidate + (1 - keep) * advantage
+        next_value = keep * value + (1 - keep) * next_value
         return (advantage, next_value), advantage
 
     return step
@@ -221,8 +230,10 @@ def gae(
     log-probabilities. The whitening subtracts two nearby numbers, and bf16 rounds the difference
     away. Both outputs are float32.
 
-    The carries are selected with `jnp.where`, where both references blend by multiplying by the
-    mask: a NaN in a padded reward or value stays in its own position here.
+    Each step sets a masked reward and value to 0 with `jnp.where` and then blends its carries by
+    multiplying by the 0/1 mask, as both references blend them: on finite numbers the blend is
+    exact, and a NaN or inf in a padded reward or value reaches no kept position (only the returns
+    at its own position, `A + V`).
 
     Reference: verl d040717 `compute_gae_advantage_return`; Tunix 0.1.7
     `tunix.rl.algo_core.compute_gae_advantages`.
@@ -249,18 +260,18 @@ def gae(
     check_rank("gae", "token_rewards", token_rewards, 2, "[B, T]")
     check_same_shape("gae", "values", values, "token_rewards", token_rewards)
     check_same_shape("gae", "mask", mask, "token_rewards", token_rewards)
-    # Time-major [T, B] throughout: the scan walks rows of contiguous memory, and the whitening
-    # (indifferent to layout) runs before the one transpose back, which is fastest measured
-    # (benchmarks/rl_math.py).
-    rewards = jnp.asarray(token_rewards).astype(jnp.float32).T
-    values = jnp.asarray(values).astype(jnp.float32).T
-    mask = jnp.asarray(mask).astype(bool).T
+    rewards = jnp.asarray(token_rewards).astype(jnp.float32)
+    values = jnp.asarray(values).astype(jnp.float32)
+    mask = jnp.asarray(mask).astype(bool)
     discount = jnp.asarray(gamma, jnp.float32)
     # gamma * lam first, in the caller's precision, as both references multiply it.
     trace = jnp.asarray(gamma * lam, jnp.float32)
-    start = (jnp.zeros(rewards.shape[1], jnp.float32),) * 2
+    start = (jnp.zeros(mask.shape[0], jnp.float32),) * 2
+    # The scan walks time-major [T, B] rows and selects inside each step: a select before the scan
+    # costs XLA:CPU a pass over each input besides the transpose. The whitening reduces the [B, T]
+    # layout, which XLA:CPU reduces an order of magnitude faster (benchmarks/rl_math.py).
     _, advantages = jax.lax.scan(
-        _gae_step(discount, trace), start, (rewards, values, mask), reverse=True
+        _gae_step(discount, trace), start, (rewards.T, values.T, mask.T), reverse=True
     )
-    returns = advantages + values
-    return masked_whiten(advantages, mask).T, returns.T
+    advantages = advantages.T
+    return masked_whiten(advantages, mask), advantages + values

@@ -76,9 +76,9 @@ def clipped_surrogate_terms(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     r"""Per-token dual-clipped policy terms, before any reduction, and their metrics.
 
-    $$\ell_t = \max\big(-A_t r_t,\;
-      -A_t \operatorname{clip}(r_t, 1 - \epsilon_l, 1 + \epsilon_h)\big),
-      \qquad \ell_t \leftarrow \min(\ell_t, -c A_t) \text{ where } A_t < 0$$
+    $$\begin{aligned} \ell_t &= \max\big(-A_t r_t,\;
+      -A_t \operatorname{clip}(r_t, 1 - \epsilon_l, 1 + \epsilon_h)\big), \\
+      \ell_t &\leftarrow \min(\ell_t, -c A_t) \text{ where } A_t < 0 \end{aligned}$$
 
     With `r = exp(log_ratio)` and `A` the advantages, each kept token's term is
     `max(-A r, -A clip(r, 1 - epsilon_low, 1 + epsilon_high))` (PPO, arXiv:1707.06347), and with

@@ -60,7 +60,8 @@ class GRPO:
        the trainer's.
 
     Attributes:
-      epsilon_low, epsilon_high: the clip range of the ratio (0.2 each, the paper's epsilon).
+      epsilon_low: how far below 1 the ratio is clipped (0.2, the paper's epsilon).
+      epsilon_high: how far above 1 the ratio is clipped (0.2, the paper's epsilon).
       dual_clip: the dual-clip bound for negative advantages (3.0, verl's `clip_ratio_c`), or None.
       beta: the KL coefficient (0.04, the paper's).
       tis_cap: the cap of the token TIS weights, or None for no correction.
@@ -177,9 +178,14 @@ class DAPO(GRPO):
     and overlong reward shaping, `overlong_penalty` added to each reward before the advantages.
 
     Attributes:
-      overlong_max_length, overlong_buffer: the paper's `L_max` and `L_cache` (20480 and 4096):
-        completions longer than `L_max - L_cache` tokens lose reward linearly, down to -1 at
-        `L_max`. `overlong_buffer = 0` turns the shaping off.
+      epsilon_high: how far above 1 the ratio is clipped (0.28, the paper's clip-higher).
+      dual_clip: the dual-clip bound for negative advantages (None: the paper has none).
+      beta: the KL coefficient (0: the paper drops the KL term).
+      overlong_max_length: the paper's `L_max` (20480): completions of `L_max` tokens or more
+        get the whole penalty, -1.
+      overlong_buffer: the paper's `L_cache` (4096): completions longer than
+        `L_max - L_cache` tokens lose reward linearly, down to -1 at `L_max`. 0 turns the
+        shaping off.
       max_refills: how many extra rollouts the trainer may draw per step to replace dropped
         groups before it trains on what it has.
     """

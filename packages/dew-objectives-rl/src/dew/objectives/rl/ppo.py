@@ -37,8 +37,11 @@ class PPO:
        returns, old_values, value_clip), mask)`, summed with weight `value_coef`.
 
     Attributes:
-      gamma, lam: GAE's discount and trace parameter (1.0 and 0.95: the episode is one answer).
-      epsilon_low, epsilon_high, dual_clip: the policy clip (0.2, 0.2, and verl's 3.0).
+      gamma: GAE's discount (1.0: the episode is one answer).
+      lam: GAE's trace parameter, lambda (0.95).
+      epsilon_low: how far below 1 the policy ratio is clipped (0.2).
+      epsilon_high: how far above 1 the policy ratio is clipped (0.2).
+      dual_clip: the dual-clip bound for negative advantages (verl's 3.0), or None.
       value_clip: how far the value prediction may move from its rollout value (0.2).
       value_coef: the weight of the value loss in the sum (1.0).
       kl_coef: the per-token KL penalty in the reward (0: off; verl's default when on is 0.001).
