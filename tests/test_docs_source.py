@@ -18,7 +18,11 @@ SOURCES = [ROOT / "packages" / name / "src" for name in ("dew", "dew-rl", "dew-o
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
 # The pages a user copies code from: the site's own pages and the README (the design plan holds
 # sketches, not examples).
-USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+USER_PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "tutorials").glob("*.md")),
+]
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>.*)$")
 
 

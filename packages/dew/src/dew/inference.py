@@ -73,8 +73,9 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
 
 
 def model_run(model: str, task: str = "reverse", seed: int = 0, **task_options) -> Run:
-    """A `Run` of model `model` as it is (a built-in size initialised from `seed`, or a
-    checkpoint) on task `task`, at step 0.
+    """A `Run` of model `model` as it is, on task `task`, at step 0.
+
+    A built-in size is initialised from `seed`; a checkpoint is loaded.
 
     `ValueError` naming the model or the task when either is unknown.
 

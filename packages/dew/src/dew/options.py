@@ -101,6 +101,16 @@ def check_options(options) -> None:
 
     A field declared with `option(default, Range)` must be a number (a whole one when annotated
     `int`) inside its range; None passes where the field allows it.
+
+    Examples:
+      >>> @dataclasses.dataclass(frozen=True)
+      ... class Steps:
+      ...     steps: int = option(10, AT_LEAST_ONE)
+      >>> check_options(Steps(steps=3))
+      >>> check_options(Steps(steps=2.5))
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --steps must be a whole number, got 2.5
     """
     hints = typing.get_type_hints(type(options))
     for field in dataclasses.fields(options):

@@ -67,10 +67,10 @@ def unflatten(template, flat: dict[str, Any]):
 
 @contextlib.contextmanager
 def interrupts_deferred():
-    """A block that Ctrl-C and SIGTERM do not cut short: one received inside is raised as
-    `KeyboardInterrupt` when the block ends.
+    """A block that Ctrl-C and SIGTERM do not cut short.
 
-    Only the main thread receives signals; elsewhere the block runs as it is.
+    A signal received inside is raised as `KeyboardInterrupt` when the block ends. Only the main
+    thread receives signals; elsewhere the block runs as it is.
 
     Examples:
       >>> import os, signal

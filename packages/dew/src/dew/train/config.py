@@ -204,8 +204,9 @@ class TrainConfig:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "TrainConfig":
-        """The config a run folder's `config.json` records (extra keys such as the model's
-        architecture are ignored).
+        """The config a run folder's `config.json` records.
+
+        Extra keys (the model's architecture, the resume changes) are ignored.
 
         Examples:
           >>> record = dataclasses.asdict(TrainConfig().replace(steps=7))

@@ -121,8 +121,9 @@ def _flag(name: str) -> str:
 
 
 def resume_changes(run_dir: Path, config: TrainConfig, task_name: str) -> dict[str, Any]:
-    """The options `config` changes against the run recorded in `run_dir`, as `{name: (was,
-    now)}`; `ConfigError` naming the first option that defines the run and differs.
+    """The options `config` changes against the run recorded in `run_dir`, as `{name: (was, now)}`.
+
+    `ConfigError` names the first option that defines the run and differs.
 
     Examples:
       >>> import json, tempfile

@@ -283,6 +283,15 @@ def compiled_update(spec: UpdateSpec) -> Callable:
     """`make_update(spec)`, reused across runs of the same spec in one process.
 
     An objective that cannot be hashed (a plain class with mutable state) gets a fresh update.
+
+    Examples:
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.objectives.sft import SFT
+      >>> graphdef, _ = nnx.split(build(SIZES["tiny"], 0))
+      >>> spec = UpdateSpec(graphdef, SFT(), OptimizerOptions(), UpdateOptions())
+      >>> compiled_update(spec) is compiled_update(spec)
+      True
     """
     try:
         cached = _COMPILED.get(spec)
