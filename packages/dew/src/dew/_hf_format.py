@@ -168,8 +168,8 @@ def config_to_hf(config: ModelConfig) -> dict:
             ]
         ],
         "model_type": family,
-        **{key: getattr(config, key) for key in (*_REQUIRED, *_OPTIONAL)},
-        "head_dim": config.dim_per_head,
+        **{key: getattr(config, key) for key in _REQUIRED},
+        **{key: getattr(config, key) for key in _OPTIONAL if getattr(config, key) is not None},
         "hidden_act": "silu",
         "attention_bias": config.attention_bias,
         "rope_theta": config.rope_theta,

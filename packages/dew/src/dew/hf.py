@@ -87,7 +87,8 @@ def _assemble(
         key, transposed = checkpoint_key(".".join(map(str, path)))
         if key not in shapes:
             raise CheckpointError(f"{source}: missing tensor {key!r}")
-        want = variable.value.shape[::-1] if transposed else variable.value.shape
+        shape = variable.get_value().shape
+        want = shape[::-1] if transposed else shape
         if tuple(shapes[key]) != tuple(want):
             raise CheckpointError(
                 f"{source}: tensor {key!r} has shape {list(shapes[key])}, the config implies "
@@ -96,8 +97,8 @@ def _assemble(
         plan[path] = key, transposed
     for path, (key, transposed) in plan.items():
         value = np.asarray(read(key))
-        value = (value.T if transposed else value).astype(flat[path].value.dtype, copy=False)
-        flat[path].value = jax.device_put(value)
+        value = (value.T if transposed else value).astype(flat[path].get_value().dtype, copy=False)
+        flat[path].set_value(jax.device_put(value))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
@@ -199,7 +200,8 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
         if name.startswith("value_head."):
             continue
         key, transposed = checkpoint_key(name)
-        tensors[key] = variable.value.T if transposed else variable.value
+        value = variable.get_value()
+        tensors[key] = value.T if transposed else value
     shards = [{}]
     sizes = [0]
     for key in sorted(tensors):
