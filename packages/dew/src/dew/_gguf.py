@@ -25,6 +25,8 @@ import numpy as np
 from dew._hf_format import CheckpointError
 from dew.models.llama import ModelConfig
 
+__all__ = ["GGUFFile", "TensorInfo", "gguf_config", "gguf_tensor", "read_gguf"]
+
 _MAGIC = b"GGUF"
 _SCALARS = {  # GGUFValueType code -> struct format
     0: "B",

@@ -13,6 +13,8 @@ from typing import Any
 
 from dew.models.llama import ROPE_TYPES, ModelConfig
 
+__all__ = ["CheckpointError", "checkpoint_key", "config_from_hf", "config_to_hf", "family_of"]
+
 
 class CheckpointError(ValueError):
     """A checkpoint Dew cannot read: the message names the file and the key or limit."""
