@@ -30,7 +30,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from dew.hf import load_policy
@@ -168,14 +167,19 @@ def main() -> None:
         "phases": rows,
     }
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"copy {peaks['copy_bytes_per_s'] / 1e9:.2f} GB/s, "
-          f"matmul {peaks['matmul_flop_per_s'] / 1e9:.1f} GFLOP/s")  # fmt: skip
-    print(f"load {loading['load_s']:.1f} s, peak RSS {loading['peak_rss_mib']:.0f} MiB "
-          f"(before {loading['rss_before_mib']:.0f} MiB; weights {weight_bytes / 2**20:.0f} MiB)")  # fmt: skip
+    copy, matmul = peaks["copy_bytes_per_s"] / 1e9, peaks["matmul_flop_per_s"] / 1e9
+    print(f"copy {copy:.2f} GB/s, matmul {matmul:.1f} GFLOP/s")
+    rss, before = loading["peak_rss_mib"], loading["rss_before_mib"]
+    print(
+        f"load {loading['load_s']:.1f} s, peak RSS {rss:.0f} MiB (before {before:.0f} MiB; "
+        f"weights {weight_bytes / 2**20:.0f} MiB)"
+    )
     print(f"{'phase':8} {'batch':>5} {'tokens/s':>10} {'roofline':>10} {'ratio':>6}")
     for row in rows:
-        print(f"{row['phase']:8} {row['batch']:>5} {row['tokens_per_s']:>10.1f} "
-              f"{row['roofline_tokens_per_s']:>10.1f} {row['of_roofline']:>6.2f}")  # fmt: skip
+        print(
+            f"{row['phase']:8} {row['batch']:>5} {row['tokens_per_s']:>10.1f} "
+            f"{row['roofline_tokens_per_s']:>10.1f} {row['of_roofline']:>6.2f}"
+        )
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 

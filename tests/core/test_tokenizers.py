@@ -59,10 +59,10 @@ def test_no_chat_template_is_a_one_line_error(tmp_path):
 
 
 def test_missing_or_corrupt_tokenizer_files_name_the_file(tmp_path):
-    with pytest.raises(ValueError, match="no tokenizer.json"):
+    with pytest.raises(ValueError, match=r"no tokenizer\.json"):
         load_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
-    with pytest.raises(ValueError, match="tokenizer.json: cannot read"):
+    with pytest.raises(ValueError, match=r"tokenizer\.json: cannot read"):
         load_tokenizer(tmp_path)
 
 

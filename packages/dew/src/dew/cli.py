@@ -391,6 +391,7 @@ def command_chat(argv: list[str]) -> int:
         raise CommandError("--max-new-tokens must be > 0 and --temperature >= 0")
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from dew.models.registry import resolve_model
     from dew.sampling import sample
@@ -413,7 +414,7 @@ def command_chat(argv: list[str]) -> int:
         )
     except ValueError as error:
         raise CommandError(str(error)) from error
-    answer = [int(t) for t, kept in zip(out.tokens[0], out.completion_mask[0]) if kept]
+    answer = np.asarray(out.tokens[0])[np.asarray(out.completion_mask[0])].tolist()
     print(tokenizer.decode(answer[:-1] if answer and answer[-1] == end else answer))
     return 0
 
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         parser.print_usage(sys.stderr)
-        print(f"dew: error: unknown command {argv[0]!r}; use train, sample or chat", file=sys.stderr)
+        known = "use train, sample or chat"
+        print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
     try:
         if argv[0] == "train":
