@@ -159,7 +159,7 @@ def load_policy(path: str | Path, dtype=None) -> Policy:
     Examples:
       >>> policy = load_policy("tests/core/hf/qwen2")
       >>> policy.config.attention_bias, policy(jnp.array([[1, 2, 3]])).shape
-      (True, (1, 3, 400))
+      (True, (1, 3, 119))
       >>> load_policy("tests/core")  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...

@@ -116,7 +116,7 @@ def rope_frequencies(config: ModelConfig) -> jax.Array:
     `_compute_llama3_parameters`), 5.10.
 
     Examples:
-      >>> rope_frequencies(ModelConfig(hidden_size=8, num_attention_heads=2))
+      >>> rope_frequencies(ModelConfig(head_dim=4))
       Array([1.  , 0.01], dtype=float32)
     """
     dim = config.dim_per_head
@@ -380,7 +380,7 @@ def abstract(config: ModelConfig) -> Policy:
     grows with the square of the depth (seconds for a 30-layer model).
 
     Examples:
-      >>> abstract(ModelConfig(dtype="bfloat16")).embed_tokens.embedding.value
+      >>> abstract(ModelConfig(dtype="bfloat16")).embed_tokens.embedding.get_value()
       ShapeDtypeStruct(shape=(16, 64), dtype=bfloat16)
     """
     shell = dataclasses.replace(config, num_hidden_layers=0)
