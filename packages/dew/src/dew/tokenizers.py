@@ -179,9 +179,8 @@ class HFTokenizer:
         if ids.get("eos_token") is None:
             raise ValueError(f"{source}: EOS token {eos!r} is not in the vocabulary")
         self.eos_token_id = ids["eos_token"]
-        self.pad_token_id = ids.get("pad_token", self.eos_token_id)
-        if self.pad_token_id is None:
-            self.pad_token_id = self.eos_token_id
+        pad = ids.get("pad_token")
+        self.pad_token_id = self.eos_token_id if pad is None else pad
 
     @classmethod
     def from_files(cls, tokenizer_json: Path, settings: dict) -> "HFTokenizer":
@@ -203,10 +202,8 @@ class HFTokenizer:
     @classmethod
     def from_gguf(cls, metadata: dict, source: str) -> "HFTokenizer":
         """The byte-level BPE tokenizer a GGUF file's `tokenizer.*` metadata describes."""
-        kind, pre = (
-            metadata.get("tokenizer.ggml.model"),
-            metadata.get("tokenizer.ggml.pre", "default"),
-        )
+        kind = metadata.get("tokenizer.ggml.model")
+        pre = metadata.get("tokenizer.ggml.pre", "default")
         if kind != "gpt2":
             raise ValueError(f"{source}: tokenizer.ggml.model {kind!r} is not supported (gpt2)")
         if pre not in _GGUF_PRE_TOKENIZERS:
@@ -221,20 +218,20 @@ class HFTokenizer:
         types = metadata.get("tokenizer.ggml.token_type", [])
         tokenizer.add_special_tokens(
             [
-                tokenizers.AddedToken(piece, special=True, normalized=False)
-                for piece, kind in zip(pieces, types, strict=False)
-                if kind in _GGUF_SPECIAL
+                tokenizers.AddedToken(text, special=True, normalized=False)
+                for text, token_type in zip(pieces, types, strict=False)
+                if token_type in _GGUF_SPECIAL
             ]
         )
 
-        def piece(name):
+        def text_of(name):
             index = metadata.get(f"tokenizer.ggml.{name}_token_id")
             return None if index is None else pieces[index]
 
         special = {
-            "bos_token": piece("bos"),
-            "eos_token": piece("eos"),
-            "pad_token": piece("padding"),
+            "bos_token": text_of("bos"),
+            "eos_token": text_of("eos"),
+            "pad_token": text_of("padding"),
         }
         if metadata.get("tokenizer.ggml.add_bos_token") and special["bos_token"]:
             bos = special["bos_token"]
