@@ -144,7 +144,7 @@ def _load_gguf(path: Path, dtype) -> Policy:
     return _assemble(config, shapes, lambda key: _gguf.gguf_tensor(file, key, config), path)
 
 
-def load_policy(path: str | Path, dtype=None) -> Policy:
+def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> Policy:
     """The `Policy` stored at `path`: a Hugging Face model folder or a `.gguf` file.
 
     Args:
