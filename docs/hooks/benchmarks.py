@@ -109,6 +109,22 @@ def train_table() -> str:
     return markdown_table(["", *names], rows)
 
 
+def models_table() -> str:
+    """SmolLM2's prefill and decode tokens/s at each batch, beside the machine's roofline."""
+    results = load("models")
+    rows = [
+        [
+            row["phase"],
+            str(row["batch"]),
+            f"{row['tokens_per_s']:,.1f}",
+            f"{row['roofline_tokens_per_s']:,.1f}",
+            f"{row['of_roofline']:.2f}",
+        ]
+        for row in results["phases"]
+    ]
+    return markdown_table(["phase", "batch", "tokens/s", "roofline tokens/s", "of roofline"], rows)
+
+
 def machine_table() -> str:
     """Where each script last ran, as the scripts recorded it."""
     math, train = load("rl_math")["machine"], load("train")["machine"]
@@ -150,6 +166,8 @@ def expand(match: re.Match) -> str:
         return gae_tunix_table()
     if table == "train":
         return train_table()
+    if table == "models":
+        return models_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
 
 

@@ -54,18 +54,31 @@ def test_log_probs_reject_bad_shapes():
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
-def test_cached_decoding_matches_the_full_pass(kv_heads):
+def test_prefill_then_decode_matches_the_full_pass(kv_heads):
     config = dataclasses.replace(TINY, num_attention_heads=2, num_key_value_heads=kv_heads)
     model = build(config, 0)
     tokens = tokens_of(2)
     full = model(tokens)
     cache = model.init_cache(3, tokens.shape[1])
-    prefix, cache = model.decode(tokens[:, :4], jnp.int32(0), cache)
+    prefix, cache = model.prefill(tokens[:, :4], cache)
     steps = [prefix]
     for t in range(4, tokens.shape[1]):
-        logits, cache = model.decode(tokens[:, t : t + 1], jnp.int32(t), cache)
+        logits, cache = model.decode(tokens[:, t : t + 1], jnp.full((3,), t), cache)
         steps.append(logits)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_decode_at_per_row_positions_ignores_prompt_padding():
+    model = build(TINY, 0)
+    tokens = tokens_of(6)
+    lengths = jnp.array([2, 5, 3])
+    padded = jnp.where(jnp.arange(5)[None] < lengths[:, None], tokens[:, :5], 0)
+    _, cache = model.prefill(padded, model.init_cache(3, 9))
+    rows = jnp.arange(3)
+    logits, _ = model.decode(tokens[rows, lengths][:, None], lengths, cache)
+    for row, length in enumerate(lengths.tolist()):
+        alone = model(tokens[row : row + 1, : length + 1])[0, -1]
+        np.testing.assert_allclose(logits[row, 0], alone, atol=1e-5)
 
 
 def test_gqa_needs_heads_divisible_by_kv_heads():

@@ -1,4 +1,6 @@
-"""The sampler: behaviour log-probs, EOS stops, masks, top-p, greedy, cache-free parity."""
+"""The sampler: behaviour log-probs, EOS stops, masks, top-p, greedy, cache-free parity, prefill."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
 from dew.rollout import pad_prompts
 from dew.sampling import sample, sampling_log_probs
+from dew.traces import TRACES
 
 EOS, PAD = 2, 0
 MODEL = build(SIZES["tiny"], 0)
@@ -119,3 +122,55 @@ def test_same_key_same_samples_and_bad_options_raise():
         sample(MODEL, padded, lengths, jax.random.key(0), max_new_tokens=3, eos_id=EOS, top_p=0.0)
     with pytest.raises(ValueError, match="prompt_lengths"):
         sample(MODEL, padded, lengths[:3], jax.random.key(0), max_new_tokens=3, eos_id=EOS)
+
+
+def reference_greedy(model, prompts, max_new_tokens, eos):
+    """Greedy decoding the slow way: a full causal pass over every row's prefix per token."""
+    width = max(map(len, prompts)) + max_new_tokens
+    buffer = np.zeros((len(prompts), width), np.int32)
+    for row, prompt in enumerate(prompts):
+        buffer[row, : len(prompt)] = prompt
+    forward = jax.jit(lambda tokens: model(tokens))
+    ends = [len(prompt) for prompt in prompts]
+    rows = [[] for _ in prompts]
+    for _ in range(max_new_tokens):
+        best = np.asarray(jnp.argmax(forward(jnp.asarray(buffer)), axis=-1))
+        for row, end in enumerate(ends):
+            if rows[row] and rows[row][-1] == eos:
+                continue
+            rows[row].append(int(best[row, end - 1]))
+            buffer[row, end] = rows[row][-1]
+            ends[row] += 1
+    return rows
+
+
+def test_greedy_prefill_and_decode_equal_full_recomputation(eos_prone_model):
+    padded, lengths, prompts = prompts_and_lengths(rows=6)
+    out = sample(
+        eos_prone_model, padded, lengths, jax.random.key(0), max_new_tokens=7, temperature=0.0,
+        eos_id=EOS, pad_id=PAD,
+    )  # fmt: skip
+    tokens, completion = np.asarray(out.tokens), np.asarray(out.completion_mask)
+    drawn = [tokens[row][completion[row]].tolist() for row in range(len(prompts))]
+    assert drawn == reference_greedy(eos_prone_model, prompts, 7, EOS)
+    assert any(len(row) < 7 for row in drawn)  # some rows stopped at EOS
+
+
+def test_an_eos_that_is_no_token_never_stops_a_row(eos_prone_model):
+    out, _ = draw(eos_prone_model, eos_id=-1)
+    assert (np.asarray(out.completion_mask).sum(axis=1) == 7).all()
+
+
+def test_the_sampler_compiles_once_per_shape():
+    draw()
+    before = TRACES["sample"]
+    draw()
+    draw(max_new_tokens=7)
+    assert TRACES["sample"] == before
+
+
+def test_a_prompt_past_the_context_is_refused():
+    small = build(dataclasses.replace(SIZES["tiny"], max_position_embeddings=8), 0)
+    padded, lengths, _ = prompts_and_lengths(rows=2)
+    with pytest.raises(ValueError, match="exceeds the model's context of 8"):
+        sample(small, padded, lengths, jax.random.key(0), max_new_tokens=3, eos_id=EOS)

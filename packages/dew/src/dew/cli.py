@@ -372,6 +372,60 @@ def command_sample(argv: list[str]) -> int:
     return 0
 
 
+def command_chat(argv: list[str]) -> int:
+    """Run `dew chat`: print a chat model's answer to one message; the exit status.
+
+    The message is rendered with the model's chat template (its default system prompt included)
+    and the answer decoded until the template's end-of-turn token.
+    """
+    parser = argparse.ArgumentParser(
+        prog="dew chat", description="Answer one message with a chat model.", exit_on_error=False
+    )
+    parser.add_argument("message", help="the user's message")
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help="a model name, a Hugging Face model folder or a .gguf file (default: smollm2)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="(default: 256)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as error:
+        raise CommandError(str(error)) from error
+    if args.max_new_tokens <= 0 or args.temperature < 0:
+        raise CommandError("--max-new-tokens must be > 0 and --temperature >= 0")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dew.models.registry import resolve_model
+    from dew.sampling import sample
+    from dew.tokenizers import end_of_turn_id
+
+    try:
+        policy, tokenizer = resolve_model(args.model).load(args.seed)
+        message = [{"role": "user", "content": args.message}]
+        prompt = tokenizer.encode(tokenizer.apply_chat_template(message, True))
+        end = end_of_turn_id(tokenizer)
+        out = sample(
+            policy,
+            jnp.asarray([prompt]),
+            jnp.asarray([len(prompt)]),
+            jax.random.key(args.seed),
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            eos_id=end,
+            pad_id=tokenizer.pad_token_id,
+        )
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    answer = np.asarray(out.tokens[0])[np.asarray(out.completion_mask[0])].tolist()
+    print(tokenizer.decode(answer[:-1] if answer and answer[-1] == end else answer))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level `dew` parser (its help lists the commands).
 
@@ -397,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a task's prompts with a run's or a model's completions",
         add_help=False,
     )
+    commands.add_parser("chat", help="answer one message with a chat model", add_help=False)
     return parser
 
 
@@ -434,15 +489,16 @@ def main(argv: list[str] | None = None) -> int:
       >>> shutil.rmtree(out)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "sample"):
+    if not argv or argv[0] not in ("train", "sample", "chat"):
         parser = build_parser()
         if not argv or argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
         parser.print_usage(sys.stderr)
-        print(f"dew: error: unknown command {argv[0]!r}; use train or sample", file=sys.stderr)
+        known = "use train, sample or chat"
+        print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
-    command = command_train if argv[0] == "train" else command_sample
+    command = {"train": command_train, "sample": command_sample, "chat": command_chat}[argv[0]]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

@@ -1,10 +1,13 @@
 """Batched autoregressive sampling with a KV cache, temperature and top-p, in one `jit`.
 
-Prompts are left-aligned and right-padded to a fixed width, so every row reads position `t` at
-step `t` and one cache slot index serves the batch. The loop walks the positions one token at a
-time: while `t` is inside a row's prompt the row is fed its own prompt token, after that the row
-samples until it draws EOS or reaches `max_new_tokens`. Shapes depend only on the batch size, the
-prompt width and `max_new_tokens`, so a run compiles the sampler once.
+Prompts are left-aligned and right-padded to a fixed width. One forward pass prefills every
+prompt into the KV cache (position `t` in slot `t`); each row then draws its first token from the
+logits at its own last prompt position, and the decode loop feeds each row its latest token at its
+own position until the row draws EOS or has `max_new_tokens`. A row's padding sits in cache slots
+past its position, which it never attends to and overwrites as it goes. Shapes depend only on the
+batch size, the prompt width and `max_new_tokens`, so a run compiles the sampler once.
+
+Reference: the prefill-then-decode sampler of flax `examples/gemma/sampler.py`.
 """
 
 import dataclasses
@@ -110,44 +113,55 @@ def sample_state(
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
     length = width + max_new_tokens
-    tokens = jnp.full((batch, length), pad_id, jnp.int32).at[:, :width].set(prompts)
+    context = model.config.max_position_embeddings
+    if length > context:
+        raise ValueError(
+            f"a prompt width of {width} plus max_new_tokens {max_new_tokens} exceeds the model's "
+            f"context of {context} positions (max_position_embeddings)"
+        )
+    rows = jnp.arange(batch)
     position = jnp.arange(length)
     prompt_mask = position[None, :] < prompt_lengths[:, None]
-    end = prompt_lengths + max_new_tokens  # first position past each row's completion budget
-    cache = model.init_cache(batch, length) if kv_cache else ()
+    tokens = jnp.full((batch, length), pad_id, jnp.int32).at[:, :width].set(prompts)
+    tokens = jnp.where(prompt_mask, tokens, pad_id)
+    last = prompt_lengths - 1  # each row's last prompt position
+    if kv_cache:
+        logits, cache = model.prefill(prompts, model.init_cache(batch, length))
+    else:
+        logits, cache = model(tokens), ()
+    logits = logits[rows, last]
+
+    def draw(i, logits, tokens, behavior, completion, done):
+        """Write each live row's `i`-th new token, drawn from `logits`, after its prompt."""
+        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, i), temperature, top_p)
+        live = ~done
+        at = last + 1 + i
+        tokens = tokens.at[rows, at].set(jnp.where(live, drawn, pad_id))
+        behavior = behavior.at[rows, at].set(jnp.where(live, drawn_logp, 0.0))
+        completion = completion.at[rows, at].set(live)
+        return tokens, behavior, completion, done | (drawn == eos_id)
 
     def step(carry):
-        t, tokens, behavior, completion, done, cache = carry
+        i, tokens, behavior, completion, done, cache = carry
+        previous = last + i  # the position of each row's latest token
         if kv_cache:
-            logits, cache = model.decode(jax.lax.dynamic_slice_in_dim(tokens, t, 1, 1), t, cache)
+            fed = tokens[rows, previous][:, None]
+            logits, cache = model.decode(fed, previous, cache)
             logits = logits[:, 0]
         else:
-            logits = jax.lax.dynamic_index_in_dim(model(tokens), t, 1, keepdims=False)
-        nxt = t + 1
-        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, nxt), temperature, top_p)
-        sampling = (nxt >= prompt_lengths) & ~done
-        current = jax.lax.dynamic_index_in_dim(tokens, nxt, 1, keepdims=False)
-        chosen = jnp.where(sampling, drawn, jnp.where(nxt < prompt_lengths, current, pad_id))
-        tokens = jax.lax.dynamic_update_index_in_dim(tokens, chosen, nxt, 1)
-        logp = jnp.where(sampling, drawn_logp, 0.0)
-        behavior = jax.lax.dynamic_update_index_in_dim(behavior, logp, nxt, 1)
-        completion = jax.lax.dynamic_update_index_in_dim(completion, sampling, nxt, 1)
-        done = done | (sampling & ((drawn == eos_id) | (nxt + 1 >= end)))
-        return nxt, tokens, behavior, completion, done, cache
+            logits = model(tokens)[rows, previous]
+        return i + 1, *draw(i, logits, tokens, behavior, completion, done), cache
 
     def more(carry):
-        t, *_, done, _ = carry
-        return (t < length - 1) & ~jnp.all(done)
+        i, *_, done, _ = carry
+        return (i < max_new_tokens) & ~jnp.all(done)
 
-    start = (
-        jnp.int32(0),
-        tokens,
-        jnp.zeros((batch, length), jnp.float32),
-        jnp.zeros((batch, length), bool),
-        jnp.zeros((batch,), bool),
-        cache,
+    behavior = jnp.zeros((batch, length), jnp.float32)
+    completion = jnp.zeros((batch, length), bool)
+    first = draw(0, logits, tokens, behavior, completion, jnp.zeros((batch,), bool))
+    _, tokens, behavior, completion, _, _ = jax.lax.while_loop(
+        more, step, (jnp.int32(1), *first, cache)
     )
-    _, tokens, behavior, completion, _, _ = jax.lax.while_loop(more, step, start)
     return Samples(tokens, prompt_mask, completion, behavior)
 
 
@@ -169,10 +183,13 @@ def sample(
     Args:
       prompts: `[B, P]` token ids, each row's prompt left-aligned and right-padded.
       prompt_lengths: `[B]` length of each prompt (at least 1).
-      key: PRNG key; the token at position t is drawn with `fold_in(key, t)`.
-      max_new_tokens: the most tokens a row samples; a row stops early at EOS.
+      key: PRNG key; every row's `i`-th new token is drawn with `fold_in(key, i)`.
+      max_new_tokens: the most tokens a row samples; a row stops early at EOS. The prompt width
+        plus `max_new_tokens` must fit the model's context (`max_position_embeddings`).
       temperature: softmax temperature; 0 decodes greedily.
       top_p: nucleus mass (1 keeps every token).
+      eos_id: the token that ends a row; an id outside the vocabulary (such as -1) never does.
+      pad_id: the token written after a row's end.
       kv_cache: reuse keys and values across steps (False recomputes the prefix each step).
 
     Reference: nucleus (top-p) sampling, arXiv:1904.09751.

@@ -1,16 +1,29 @@
 """Tokenizers: text to token ids and back. The model owns one; tasks and the sampler use it.
 
 `Tokenizer` is the protocol. `DigitTokenizer` is the one-character-per-token vocabulary of the
-built-in model sizes and the digit tasks; Hugging Face and GGUF tokenizers come from `dew.hf`.
+built-in model sizes and the digit tasks. `HFTokenizer` is a Hugging Face tokenizer, read from a
+model folder's `tokenizer.json` or rebuilt from a GGUF file's metadata (`dew.hf.load_tokenizer`
+finds it beside a checkpoint).
 """
 
+import datetime
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+import tokenizers
+from tokenizers import decoders, pre_tokenizers
 
 __all__ = [
     "DIGITS",
     "DigitTokenizer",
+    "HFTokenizer",
     "Tokenizer",
+    "end_of_turn_id",
 ]
 
 
@@ -86,3 +99,181 @@ class DigitTokenizer:
 
 DIGITS = DigitTokenizer()
 """The digit vocabulary of the built-in model sizes and tasks."""
+
+
+def _token_text(value) -> str | None:
+    """A special token's text from `tokenizer_config.json`, where it may be an AddedToken dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _template_environment() -> jinja2.Environment:
+    """The jinja2 environment transformers renders chat templates in.
+
+    Reference: transformers 5.10 `utils/chat_template_utils.py` (`_compile_jinja_template`).
+    """
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+# GGUF `tokenizer.ggml.pre` -> the pre-tokenizer of the Hugging Face tokenizer it was made from.
+_GGUF_PRE_TOKENIZERS = {
+    "default": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False),
+    "gpt-2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False),
+    "smollm": lambda: pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(False)]
+    ),
+}
+_GGUF_SPECIAL = (3, 4)  # token types CONTROL and USER_DEFINED: matched whole, never split
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer: `tokenizers` encodes and decodes, jinja2 renders the chat template.
+
+    `encode` adds special tokens as transformers' `encode(text)` does (its post-processor),
+    `decode` keeps them, and `apply_chat_template` renders the template as transformers does,
+    with the special tokens' texts (`bos_token`, `eos_token`, ...) in scope.
+
+    Reference: transformers 5.10 `tokenization_utils_tokenizers.py` and
+    `utils/chat_template_utils.py`; llama.cpp `src/llama-vocab.cpp` for the GGUF pre-tokenizers.
+
+    Examples:
+      >>> from dew.hf import load_tokenizer
+      >>> tokenizer = load_tokenizer("tests/core/hf/tokenizer")
+      >>> tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+      '<|im_start|>user\\nhi<|im_end|>\\n'
+      >>> tokenizer.eos_token_id, tokenizer.pad_token_id
+      (2, 0)
+    """
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        special: dict[str, str],
+        chat_template: str | None,
+        source: str,
+    ):
+        self.tokenizer, self.special, self.source = tokenizer, special, source
+        self.chat_template = chat_template
+        eos = special.get("eos_token")
+        ids = {name: tokenizer.token_to_id(text) for name, text in special.items() if text}
+        if ids.get("eos_token") is None:
+            raise ValueError(f"{source}: EOS token {eos!r} is not in the vocabulary")
+        self.eos_token_id = ids["eos_token"]
+        pad = ids.get("pad_token")
+        self.pad_token_id = self.eos_token_id if pad is None else pad
+
+    @classmethod
+    def from_files(cls, tokenizer_json: Path, settings: dict) -> "HFTokenizer":
+        """The tokenizer of `tokenizer.json` with `tokenizer_config.json`'s `settings`."""
+        try:
+            tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+        except Exception as error:  # the Rust library raises a bare Exception
+            raise ValueError(f"{tokenizer_json}: cannot read ({error})") from None
+        template = settings.get("chat_template")
+        if isinstance(template, list):  # named templates: transformers uses "default"
+            template = {t["name"]: t["template"] for t in template}.get("default")
+        beside = tokenizer_json.parent / "chat_template.jinja"
+        if template is None and beside.is_file():
+            template = beside.read_text()
+        names = ("bos_token", "eos_token", "pad_token", "unk_token")
+        special = {name: _token_text(settings.get(name)) for name in names}
+        return cls(tokenizer, special=special, chat_template=template, source=str(tokenizer_json))
+
+    @classmethod
+    def from_gguf(cls, metadata: dict, source: str) -> "HFTokenizer":
+        """The byte-level BPE tokenizer a GGUF file's `tokenizer.*` metadata describes."""
+        kind = metadata.get("tokenizer.ggml.model")
+        pre = metadata.get("tokenizer.ggml.pre", "default")
+        if kind != "gpt2":
+            raise ValueError(f"{source}: tokenizer.ggml.model {kind!r} is not supported (gpt2)")
+        if pre not in _GGUF_PRE_TOKENIZERS:
+            supported = ", ".join(_GGUF_PRE_TOKENIZERS)
+            raise ValueError(f"{source}: tokenizer.ggml.pre {pre!r} is not supported ({supported})")
+        pieces = metadata["tokenizer.ggml.tokens"]
+        merges = [tuple(merge.split(" ", 1)) for merge in metadata["tokenizer.ggml.merges"]]
+        model = tokenizers.models.BPE({piece: i for i, piece in enumerate(pieces)}, merges)
+        tokenizer = tokenizers.Tokenizer(model)
+        tokenizer.pre_tokenizer = _GGUF_PRE_TOKENIZERS[pre]()
+        tokenizer.decoder = decoders.ByteLevel()
+        types = metadata.get("tokenizer.ggml.token_type", [])
+        tokenizer.add_special_tokens(
+            [
+                tokenizers.AddedToken(text, special=True, normalized=False)
+                for text, token_type in zip(pieces, types, strict=False)
+                if token_type in _GGUF_SPECIAL
+            ]
+        )
+
+        def text_of(name):
+            index = metadata.get(f"tokenizer.ggml.{name}_token_id")
+            return None if index is None else pieces[index]
+
+        special = {
+            "bos_token": text_of("bos"),
+            "eos_token": text_of("eos"),
+            "pad_token": text_of("padding"),
+        }
+        if metadata.get("tokenizer.ggml.add_bos_token") and special["bos_token"]:
+            bos = special["bos_token"]
+            tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
+                single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+            )
+        template = metadata.get("tokenizer.chat_template")
+        return cls(tokenizer, special=special, chat_template=template, source=source)
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of token ids, special tokens included."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text`, special tokens added as transformers' `encode(text)` adds them."""
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`, special tokens kept."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        """`messages` rendered by the chat template; `ValueError` when there is none."""
+        if self.chat_template is None:
+            raise ValueError(f"{self.source}: this tokenizer has no chat template")
+        template = _template_environment().from_string(self.chat_template)
+        special = {name: text for name, text in self.special.items() if text is not None}
+        return template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **special
+        )
+
+
+def end_of_turn_id(tokenizer: Tokenizer) -> int:
+    """The token the chat template closes an assistant turn with (`<|im_end|>` in ChatML).
+
+    Read off the template: the first token after an assistant message's content. A GGUF file's
+    EOS may name another token (end of text), which a chat reply never reaches.
+
+    Examples:
+      >>> from dew.hf import load_tokenizer
+      >>> end_of_turn_id(load_tokenizer("tests/core/hf/tokenizer"))
+      2
+    """
+    marker = "\u2063"  # an invisible separator no template writes itself
+    turn = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
+    rendered = tokenizer.apply_chat_template(turn)
+    after = rendered[rendered.rindex(marker) + len(marker) :]
+    empty = tokenizer.encode("")
+    ids = tokenizer.encode(after)[len(empty) :]
+    if not ids:
+        return tokenizer.eos_token_id
+    return ids[0]

@@ -5,7 +5,11 @@ RMSNorm before attention and MLP, rotary positions, a SwiGLU MLP and grouped-que
 `Qwen2Model` (`embed_tokens`, `layers[i].self_attn.q_proj`, `mlp.gate_proj`, `input_layernorm`,
 `post_attention_layernorm`, `norm`, `lm_head`), and `ModelConfig` uses their config keys, so a
 checkpoint loader maps a real model by name: a Linear `kernel` is the transpose of the torch
-`weight`, `embed_tokens.embedding` is `embed_tokens.weight`.
+`weight`, `embed_tokens.embedding` is `embed_tokens.weight`. Qwen3's per-head query and key norms
+are `self_attn.q_norm` and `self_attn.k_norm`.
+
+Parameters are stored in `ModelConfig.dtype`; norms, rotary angles, attention scores and softmax,
+and the logits are computed in float32 whatever that dtype is.
 
 Reference: transformers `models/llama/modeling_llama.py` (rotate-half RoPE, `head_dim` split,
 `repeat_kv` GQA). Dew keeps the KV cache as an explicit pytree passed in and out of `decode`, so
@@ -13,6 +17,7 @@ the sampler's loop stays a pure function under `jit`.
 """
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,22 +27,35 @@ from dew.models._checks import check_tokens
 
 __all__ = [
     "MLP",
+    "ROPE_TYPES",
     "Attention",
     "DecoderLayer",
     "ModelConfig",
     "Policy",
     "RMSNorm",
+    "abstract",
     "build",
     "count_params",
+    "rope_frequencies",
     "rotary",
+    "value_head",
 ]
 
 Cache = tuple[tuple[jax.Array, jax.Array], ...]
 
+ROPE_TYPES = ("default", "llama3")
+"""The rotary frequency schedules Dew implements (transformers' `rope_type`)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture hyperparameters, named as in Hugging Face's Llama/Qwen2 configs."""
+    """Architecture hyperparameters, named as in Hugging Face's Llama/Qwen2/Qwen3 configs.
+
+    Flat fields of plain values, so a run's `config.json` records and restores it. The llama3
+    rotary schedule reads the `rope_*` fields after `rope_type` (transformers' `rope_parameters`
+    keys, prefixed); `qk_norm` is Qwen3's per-head RMSNorm of queries and keys; `dtype` is the
+    parameters' dtype; the token ids are what `generation_config.json` records.
+    """
 
     vocab_size: int = 16
     hidden_size: int = 64
@@ -46,16 +64,32 @@ class ModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 4
     head_dim: int | None = None
+    max_position_embeddings: int = 4096
     rope_theta: float = 10_000.0
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int = 8192
     rms_norm_eps: float = 1e-6
     attention_bias: bool = False
+    qk_norm: bool = False
     tie_word_embeddings: bool = False
     value_head: bool = False
+    dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
 
     @property
     def dim_per_head(self) -> int:
         """`head_dim`, or `hidden_size // num_attention_heads` when unset."""
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def param_dtype(self) -> jnp.dtype:
+        """The parameters' dtype as a numpy dtype."""
+        return jnp.dtype(self.dtype)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -63,21 +97,56 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"rope_type {self.rope_type!r} is not supported "
+                f"(supported: {', '.join(ROPE_TYPES)})"
+            )
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(config: ModelConfig) -> jax.Array:
+    """The rotary inverse frequencies `[head_dim / 2]` of `config`'s schedule, in float32.
+
+    `default`: theta^(-2i/d). `llama3` (Llama 3.1): wavelengths 2 pi / f longer than
+    `original / low_freq_factor` are divided by `factor`, shorter than `original /
+    high_freq_factor` kept, and those between interpolated with `s = (original / wavelength -
+    low) / (high - low)`: `(1 - s) f / factor + s f`.
+
+    Reference: transformers `modeling_rope_utils.py` (`_compute_default_rope_parameters`,
+    `_compute_llama3_parameters`), 5.10.
+
+    Examples:
+      >>> rope_frequencies(ModelConfig(head_dim=4))
+      Array([1.  , 0.01], dtype=float32)
+    """
+    dim = config.dim_per_head
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    if config.rope_type == "default":
+        return inv_freq
+    original = config.rope_original_max_position_embeddings
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    wavelength = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelength > original / low, inv_freq / config.rope_factor, inv_freq)
+    smooth = (original / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / config.rope_factor + smooth * scaled
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rotary(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """`x` `[B, S, H, D]` rotated by its `[B, S]` positions, rotate-half RoPE (arXiv:2104.09864).
+
+    `inv_freq` `[D / 2]` are the frequencies (`rope_frequencies`); angles and the rotation are
+    computed in float32.
 
     Examples:
       >>> x = jnp.ones((1, 3, 1, 4))
-      >>> bool(jnp.allclose(rotary(x, jnp.zeros((1, 3), jnp.int32), 1e4), x))
+      >>> bool(jnp.allclose(rotary(x, jnp.zeros((1, 3), jnp.int32), jnp.ones(2)), x))
       True
     """
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
     angles = positions[..., None].astype(jnp.float32) * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    half = dim // 2
+    half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     out = x.astype(jnp.float32) * jnp.cos(angles) + rotated.astype(jnp.float32) * jnp.sin(angles)
     return out.astype(x.dtype)
@@ -86,46 +155,62 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 class RMSNorm(nnx.Module):
     """x / rms(x) * weight, computed in float32 (arXiv:1910.07467)."""
 
-    def __init__(self, size: int, eps: float):
-        self.weight = nnx.Param(jnp.ones((size,), jnp.float32))
+    def __init__(self, size: int, eps: float, dtype: jnp.dtype = jnp.float32):
+        self.weight = nnx.Param(jnp.ones((size,), dtype))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * self.weight[...]).astype(x.dtype)
+        return (normed * self.weight[...].astype(jnp.float32)).astype(x.dtype)
 
 
 class Attention(nnx.Module):
     """Causal multi-head attention with rotary positions and grouped key/value heads.
 
+    With `config.qk_norm` (Qwen3) each head's query and key are RMS-normalised before rotation.
+
     Reference: GQA arXiv:2305.13245; `LlamaAttention` and `repeat_kv` in transformers
-    `models/llama/modeling_llama.py`.
+    `models/llama/modeling_llama.py`, `Qwen3Attention` in `models/qwen3/modeling_qwen3.py`.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         d, h, kv = config.dim_per_head, config.num_attention_heads, config.num_key_value_heads
-        bias = config.attention_bias
-        self.q_proj = nnx.Linear(config.hidden_size, h * d, use_bias=bias, rngs=rngs)
-        self.k_proj = nnx.Linear(config.hidden_size, kv * d, use_bias=bias, rngs=rngs)
-        self.v_proj = nnx.Linear(config.hidden_size, kv * d, use_bias=bias, rngs=rngs)
-        self.o_proj = nnx.Linear(h * d, config.hidden_size, use_bias=False, rngs=rngs)
+        hidden, bias, dtype = config.hidden_size, config.attention_bias, config.param_dtype
+        self.q_proj = nnx.Linear(hidden, h * d, use_bias=bias, param_dtype=dtype, rngs=rngs)
+        self.k_proj = nnx.Linear(hidden, kv * d, use_bias=bias, param_dtype=dtype, rngs=rngs)
+        self.v_proj = nnx.Linear(hidden, kv * d, use_bias=bias, param_dtype=dtype, rngs=rngs)
+        self.o_proj = nnx.Linear(h * d, hidden, use_bias=False, param_dtype=dtype, rngs=rngs)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype)
+        else:
+            self.q_norm = self.k_norm = None
         self.heads, self.kv_heads, self.head_dim = h, kv, d
-        self.rope_theta = config.rope_theta
+        self.config = config
 
-    def __call__(self, x, positions, mask, cache=None, index=None):
+    def __call__(self, x, positions, mask, cache=None):
+        """Output `[B, S, hidden]` and the cache with this call's keys and values at `positions`.
+
+        `mask` `[B, S, L]` says which keys each query sees: the call's own `S` keys without a
+        cache, the cache's `L` slots with one.
+        """
         batch, length, _ = x.shape
         q = self.q_proj(x).reshape(batch, length, self.heads, self.head_dim)
         k = self.k_proj(x).reshape(batch, length, self.kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(batch, length, self.kv_heads, self.head_dim)
-        q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_frequencies(self.config)
+        q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
         if cache is not None:
-            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, index, 0, 0))
-            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, index, 0, 0))
+            rows = jnp.arange(batch)[:, None]
+            k = cache[0].at[rows, positions].set(k.astype(cache[0].dtype))
+            v = cache[1].at[rows, positions].set(v.astype(cache[1].dtype))
             cache = (k, v)
         groups = self.heads // self.kv_heads
         q = q.reshape(batch, length, self.kv_heads, groups, self.head_dim)
-        scores = jnp.einsum("bskgd,blkd->bkgsl", q, k).astype(jnp.float32)
+        scores = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32)
         scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
         scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -137,10 +222,10 @@ class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)) (arXiv:2002.05202)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        hidden, inner = config.hidden_size, config.intermediate_size
-        self.gate_proj = nnx.Linear(hidden, inner, use_bias=False, rngs=rngs)
-        self.up_proj = nnx.Linear(hidden, inner, use_bias=False, rngs=rngs)
-        self.down_proj = nnx.Linear(inner, hidden, use_bias=False, rngs=rngs)
+        hidden, inner, dtype = config.hidden_size, config.intermediate_size, config.param_dtype
+        self.gate_proj = nnx.Linear(hidden, inner, use_bias=False, param_dtype=dtype, rngs=rngs)
+        self.up_proj = nnx.Linear(hidden, inner, use_bias=False, param_dtype=dtype, rngs=rngs)
+        self.down_proj = nnx.Linear(inner, hidden, use_bias=False, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -153,13 +238,14 @@ class DecoderLayer(nnx.Module):
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        size, eps, dtype = config.hidden_size, config.rms_norm_eps, config.param_dtype
+        self.input_layernorm = RMSNorm(size, eps, dtype)
         self.self_attn = Attention(config, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(size, eps, dtype)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, positions, mask, cache=None, index=None):
-        attended, cache = self.self_attn(self.input_layernorm(x), positions, mask, cache, index)
+    def __call__(self, x, positions, mask, cache=None):
+        attended, cache = self.self_attn(self.input_layernorm(x), positions, mask, cache)
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
@@ -182,21 +268,18 @@ class Policy(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
+        size, vocab, dtype = config.hidden_size, config.vocab_size, config.param_dtype
+        self.embed_tokens = nnx.Embed(vocab, size, param_dtype=dtype, rngs=rngs)
         self.layers = nnx.List(
             [DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)]
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(size, config.rms_norm_eps, dtype)
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False, rngs=rngs)
+            else nnx.Linear(size, vocab, use_bias=False, param_dtype=dtype, rngs=rngs)
         )
-        self.value_head = (
-            nnx.Linear(config.hidden_size, 1, kernel_init=nnx.initializers.zeros, rngs=rngs)
-            if config.value_head
-            else None
-        )
+        self.value_head = value_head(config, rngs) if config.value_head else None
 
     def hidden(self, tokens: jax.Array, segments: jax.Array | None = None) -> jax.Array:
         """The final normed hidden states `[B, T, hidden_size]` of a full causal pass.
@@ -222,10 +305,13 @@ class Policy(nnx.Module):
         return self.norm(x)
 
     def unembed(self, hidden: jax.Array) -> jax.Array:
-        """Logits `[..., V]` of hidden states `[..., hidden_size]`."""
+        """Float32 logits `[..., V]` of hidden states `[..., hidden_size]`."""
         if self.lm_head is None:
-            return self.embed_tokens.attend(hidden)
-        return self.lm_head(hidden)
+            weights, pattern = self.embed_tokens.embedding[...], "...h,vh->...v"
+        else:
+            weights, pattern = self.lm_head.kernel[...], "...h,hv->...v"
+        hidden = hidden.astype(weights.dtype)
+        return jnp.einsum(pattern, hidden, weights, preferred_element_type=jnp.float32)
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """The value head's scalar prediction `[...]` of hidden states `[..., hidden_size]`."""
@@ -236,27 +322,73 @@ class Policy(nnx.Module):
     def __call__(self, tokens: jax.Array, segments: jax.Array | None = None) -> jax.Array:
         return self.unembed(self.hidden(tokens, segments))
 
-    def init_cache(self, batch: int, length: int, dtype=jnp.float32) -> Cache:
-        """An empty KV cache: per layer, keys and values `[batch, length, kv_heads, head_dim]`."""
+    def init_cache(self, batch: int, length: int) -> Cache:
+        """An empty KV cache: per layer, keys and values `[batch, length, kv_heads, head_dim]`.
+
+        Stored in the parameters' dtype.
+        """
         shape = (batch, length, self.config.num_key_value_heads, self.config.dim_per_head)
+        dtype = self.config.param_dtype
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
 
-    def decode(self, tokens: jax.Array, index: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
-        """Logits `[B, S, V]` of `S` new tokens at positions `index ... index + S - 1`; the cache.
+    def prefill(self, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+        """Logits `[B, P, V]` of prompts `[B, P]` at positions `0 .. P - 1`; the filled cache.
 
-        Every row sits at the same positions: prompts are left-aligned, so position `t` is the
-        row's `t`-th token and the cache slot `t`.
+        One forward pass. A right-padded row's padding fills slots past its prompt; `decode`
+        overwrites them one by one and never attends past its own position.
         """
-        batch, length = tokens.shape
-        positions = jnp.broadcast_to(index + jnp.arange(length), (batch, length))
+        check_tokens(tokens, "tokens")
+        slots = cache[0][0].shape[1]
+        if tokens.shape[1] > slots:
+            raise ValueError(f"tokens [B, {tokens.shape[1]}] do not fit a cache of {slots} slots")
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        return self._cached(tokens, positions, cache)
+
+    def decode(
+        self, tokens: jax.Array, positions: jax.Array, cache: Cache
+    ) -> tuple[jax.Array, Cache]:
+        """Logits `[B, 1, V]` of one new token `[B, 1]` per row at `positions` `[B]`; the cache."""
+        check_tokens(tokens, "tokens")
+        if tokens.shape[1] != 1 or positions.shape != tokens.shape[:1]:
+            raise ValueError(
+                f"decode takes tokens [B, 1] and positions [B], got {tokens.shape} and "
+                f"{positions.shape}"
+            )
+        return self._cached(tokens, positions[:, None], cache)
+
+    def _cached(self, tokens, positions, cache):
+        """Logits of `tokens` at `positions` `[B, S]`, attending to the cache's earlier slots."""
         slots = jnp.arange(cache[0][0].shape[1])
         mask = slots[None, None, :] <= positions[:, :, None]
         x = self.embed_tokens(tokens)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer(x, positions, mask, layer_cache, index)
+            x, layer_cache = layer(x, positions, mask, layer_cache)
             new_cache.append(layer_cache)
         return self.unembed(self.norm(x)), tuple(new_cache)
+
+
+def value_head(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:
+    """PPO's critic head: hidden state to a scalar value, initialised to zero, in float32."""
+    return nnx.Linear(config.hidden_size, 1, kernel_init=nnx.initializers.zeros, rngs=rngs)
+
+
+def abstract(config: ModelConfig) -> Policy:
+    """A `config` policy whose parameters are `jax.ShapeDtypeStruct`s: nothing is allocated.
+
+    One layer is traced and cloned: tracing all layers' initialisers at once takes time that
+    grows with the square of the depth (seconds for a 30-layer model).
+
+    Examples:
+      >>> abstract(ModelConfig(dtype="bfloat16")).embed_tokens.embedding.get_value()
+      ShapeDtypeStruct(shape=(16, 64), dtype=bfloat16)
+    """
+    shell = dataclasses.replace(config, num_hidden_layers=0)
+    policy = nnx.eval_shape(lambda: Policy(shell, rngs=nnx.Rngs(0)))
+    layer = nnx.eval_shape(lambda: DecoderLayer(config, rngs=nnx.Rngs(0)))
+    policy.layers = nnx.List([nnx.clone(layer) for _ in range(config.num_hidden_layers)])
+    policy.config = config
+    return policy
 
 
 def count_params(model: nnx.Module) -> int:

@@ -1,0 +1,194 @@
+"""Benchmark a real model: SmolLM2-135M-Instruct's loading, prefill and decode against the machine.
+
+Run by hand from the repository root:
+
+    uv run python benchmarks/models.py [--prompt 64] [--new 32] [--batches 1 32]
+
+In one run, side by side:
+
+- the machine: copy bandwidth (a jitted in-place update of a 256 MiB float32 array, its buffer
+  donated so no fresh pages are faulted in; bytes read + written) and matmul FLOP/s (a jitted
+  float32 2048^3 matmul);
+- loading the GGUF file, in a fresh subprocess: seconds and peak RSS against its memory before;
+- prefill tokens/s (`Policy.prefill` over `--prompt` tokens per row) against the compute
+  roofline: FLOP/s over the FLOPs per prompt token (2 per weight of every matmul, the logits
+  included, plus attention's);
+- decode tokens/s (the sampler's loop, `--new` tokens per row after the prefill) against its
+  roofline: each step reads every weight once, so at batch B a step cannot beat
+  `weight bytes / copy bandwidth`, nor `B x FLOPs per token / FLOP/s`.
+
+Prints a table and writes `benchmarks/results/models.json`.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dew.hf import load_policy
+from dew.models.registry import resolve_model
+from dew.sampling import sample_state
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "models.json"
+
+LOAD = r"""
+import json, resource, sys, time
+import jax, jax.numpy as jnp
+jax.block_until_ready(jnp.ones(4) + 1)  # the runtime started before the baseline
+from dew.hf import load_policy
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+before = rss()
+began = time.perf_counter()
+policy = load_policy(sys.argv[1])
+seconds = time.perf_counter() - began
+print(json.dumps({"load_s": seconds, "rss_before_mib": before,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def best_seconds(run, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `run` (after one untimed call that compiles)."""
+    jax.block_until_ready(run())
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        jax.block_until_ready(run())
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def machine(repeats: int) -> dict:
+    """Copy bandwidth (bytes/s) and float32 matmul FLOP/s, measured."""
+    buffer = [jnp.ones((64, 2**20), jnp.float32)]  # 256 MiB
+    copy = jax.jit(lambda a: a + 1.0, donate_argnums=0)
+
+    def copy_in_place():
+        buffer[0] = copy(buffer[0])
+        return buffer[0]
+
+    copy_s = best_seconds(copy_in_place, repeats)
+    nbytes = buffer[0].nbytes
+    a = jnp.ones((2048, 2048), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul_s = best_seconds(lambda: matmul(a), repeats)
+    return {"copy_bytes_per_s": 2 * nbytes / copy_s, "matmul_flop_per_s": 2 * 2048**3 / matmul_s}
+
+
+def flops_per_token(config, context: int) -> float:
+    """Forward FLOPs per token: 2 per matmul weight (logits included), attention over `context`."""
+    d, h, kv = config.dim_per_head, config.num_attention_heads, config.num_key_value_heads
+    hidden, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_layer = hidden * (h + 2 * kv) * d + h * d * hidden + 3 * hidden * inner
+    attention = 2 * h * d * context  # scores and weighted values
+    return 2.0 * (layers * per_layer + hidden * config.vocab_size) + 2.0 * layers * attention
+
+
+def measure(policy, batch: int, prompt: int, new: int, repeats: int) -> dict:
+    """Prefill and decode seconds of `batch` random prompts of `prompt` tokens."""
+    graphdef, params = nnx.split(policy)
+    tokens = jax.random.randint(jax.random.key(0), (batch, prompt), 0, policy.config.vocab_size)
+    lengths = jnp.full((batch,), prompt)
+
+    @jax.jit
+    def prefill(params, tokens):
+        model = nnx.merge(graphdef, params)
+        return model.prefill(tokens, model.init_cache(batch, prompt + new))[0][:, -1]
+
+    def generate(steps):
+        return sample_state(
+            graphdef, params, tokens, lengths, jax.random.key(1), max_new_tokens=steps,
+            temperature=0.0, eos_id=-1, pad_id=0,
+        ).tokens  # fmt: skip
+
+    prefill_s = best_seconds(lambda: prefill(params, tokens), repeats)
+    one_s = best_seconds(lambda: generate(1), repeats)
+    many_s = best_seconds(lambda: generate(new + 1), repeats)
+    return {"prefill_s": prefill_s, "decode_s": many_s - one_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
+    parser.add_argument("--new", type=int, default=32, help="decoded tokens per row")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    path = resolve_model("smollm2").path
+    loading = subprocess.run(
+        [sys.executable, "-c", LOAD, str(path)], capture_output=True, text=True, check=True
+    )
+    loading = json.loads(loading.stdout)
+    policy = load_policy(path)
+    config = policy.config
+    params = jax.tree.leaves(nnx.state(policy, nnx.Param))
+    weight_bytes = sum(p.size * p.dtype.itemsize for p in params)
+    largest = max(p.size * p.dtype.itemsize for p in params)
+    peaks = machine(args.repeats)
+    rows = []
+    for batch in args.batches:
+        timed = measure(policy, batch, args.prompt, args.new, args.repeats)
+        prefill_flops = flops_per_token(config, args.prompt / 2)
+        decode_flops = flops_per_token(config, args.prompt + args.new / 2)
+        step_floor = max(
+            weight_bytes / peaks["copy_bytes_per_s"],
+            batch * decode_flops / peaks["matmul_flop_per_s"],
+        )
+        for phase, tokens, seconds, roofline in (
+            ("prefill", batch * args.prompt, timed["prefill_s"],
+             peaks["matmul_flop_per_s"] / prefill_flops),
+            ("decode", batch * args.new, timed["decode_s"], batch / step_floor),
+        ):  # fmt: skip
+            rate = tokens / seconds
+            rows.append({
+                "phase": phase, "batch": batch, "tokens": tokens, "seconds": seconds,
+                "tokens_per_s": rate, "roofline_tokens_per_s": roofline,
+                "of_roofline": rate / roofline,
+            })  # fmt: skip
+    result = {
+        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
+        "prompt_tokens": args.prompt,
+        "new_tokens": args.new,
+        "parameters": sum(p.size for p in params),
+        "weight_bytes": weight_bytes,
+        "largest_tensor_bytes": largest,
+        "gguf_file_bytes": path.stat().st_size,
+        "load": loading,
+        "machine": {
+            **peaks,
+            "platform": jax.default_backend(),
+            "device": str(jax.devices()[0]),
+            "cpus": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(),
+            "jax": jax.__version__,
+        },
+        "phases": rows,
+    }
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    copy, matmul = peaks["copy_bytes_per_s"] / 1e9, peaks["matmul_flop_per_s"] / 1e9
+    print(f"copy {copy:.2f} GB/s, matmul {matmul:.1f} GFLOP/s")
+    rss, before = loading["peak_rss_mib"], loading["rss_before_mib"]
+    print(
+        f"load {loading['load_s']:.1f} s, peak RSS {rss:.0f} MiB (before {before:.0f} MiB; "
+        f"weights {weight_bytes / 2**20:.0f} MiB)"
+    )
+    print(f"{'phase':8} {'batch':>5} {'tokens/s':>10} {'roofline':>10} {'ratio':>6}")
+    for row in rows:
+        print(
+            f"{row['phase']:8} {row['batch']:>5} {row['tokens_per_s']:>10.1f} "
+            f"{row['roofline_tokens_per_s']:>10.1f} {row['of_roofline']:>6.2f}"
+        )
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

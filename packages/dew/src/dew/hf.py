@@ -1,0 +1,265 @@
+"""Hugging Face checkpoints and GGUF files in and out: policies and their tokenizers.
+
+- `load_policy(path)`: a `Policy` from a Hugging Face model folder (`config.json` with
+  `model.safetensors`, or shards listed by `model.safetensors.index.json`) or a `.gguf` file.
+- `save_policy(policy, path)`: the folder `transformers.AutoModelForCausalLM.from_pretrained`
+  reads back to the same logits.
+- `load_tokenizer(path)`: the tokenizer beside the weights (`tokenizer.json` and
+  `tokenizer_config.json`) or in the GGUF file's metadata.
+
+Every file is checked before any weight is read: the configuration, each tensor's presence and
+shape against the architecture. A problem is one `CheckpointError` naming the file and the key or
+limit, and nothing half-loaded is returned. Tensors are read one at a time into the model's
+parameters, so loading holds the parameters once plus one tensor in flight.
+
+Reference: transformers 5.10 `modeling_utils.py` (`save_pretrained`: shard names, index,
+`format: pt` metadata); Tunix `models/safetensors_loader.py` (lazy reads, one tensor at a time).
+"""
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.flax import save_file
+
+from dew import _gguf
+from dew._hf_format import CheckpointError, checkpoint_key, config_from_hf, config_to_hf
+from dew.models.llama import ModelConfig, Policy, abstract, value_head
+from dew.tokenizers import HFTokenizer
+
+__all__ = [
+    "CheckpointError",
+    "load_policy",
+    "load_tokenizer",
+    "save_policy",
+    "with_value_head",
+]
+
+SHARD_BYTES = 5 * 10**9
+"""`save_policy` starts a new safetensors shard before one would exceed this many bytes."""
+
+_INDEX = "model.safetensors.index.json"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot read JSON ({error})") from None
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a model folder: the index's shards, or `model.safetensors`."""
+    index = folder / _INDEX
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: missing key 'weight_map'")
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise CheckpointError(f"{folder}: no model.safetensors nor {_INDEX}")
+    return [single]
+
+
+def _assemble(
+    config: ModelConfig,
+    shapes: dict[str, tuple[int, ...]],
+    read: Callable[[str], jax.Array | np.ndarray],
+    source: Path,
+) -> Policy:
+    """A `config` policy whose parameters are `read(key)` for each checkpoint key.
+
+    `shapes` gives every available key's shape (in the checkpoint's layout), so a missing tensor
+    or a wrong shape is reported before any tensor is read. The policy is built abstractly (no
+    weights allocated) and each parameter filled from one read.
+    """
+    graphdef, state = nnx.split(abstract(config))
+    flat = dict(nnx.to_flat_state(state))
+    plan = {}
+    for path, variable in flat.items():
+        key, transposed = checkpoint_key(".".join(map(str, path)))
+        if key not in shapes:
+            raise CheckpointError(f"{source}: missing tensor {key!r}")
+        shape = variable.get_value().shape
+        want = shape[::-1] if transposed else shape
+        if tuple(shapes[key]) != tuple(want):
+            raise CheckpointError(
+                f"{source}: tensor {key!r} has shape {list(shapes[key])}, the config implies "
+                f"{list(want)}"
+            )
+        plan[path] = key, transposed
+    for path, (key, transposed) in plan.items():
+        value = np.asarray(read(key))
+        value = (value.T if transposed else value).astype(flat[path].get_value().dtype, copy=False)
+        flat[path].set_value(jax.device_put(value))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _load_folder(folder: Path, dtype) -> Policy:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{folder}: no config.json (not a Hugging Face model folder)")
+    config = config_from_hf(_read_json(config_file), str(config_file))
+    generation = folder / "generation_config.json"
+    if generation.is_file():
+        ids = _read_json(generation)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = ids.get(name)
+            if value is not None:
+                config = dataclasses.replace(
+                    config, **{name: value[0] if isinstance(value, list) else value}
+                )
+    handles, shapes, dtypes = {}, {}, {}
+    for file in _safetensors_files(folder):
+        try:
+            handle = safe_open(file, framework="flax")
+            for key in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+                tensor = handle.get_slice(key)
+                handles[key], shapes[key], dtypes[key] = (
+                    handle,
+                    tensor.get_shape(),
+                    tensor.get_dtype(),
+                )
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"{file}: corrupt or truncated safetensors ({error})") from None
+    if dtype is None:
+        stored = dtypes.get("model.embed_tokens.weight", "F32")
+        dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(stored, "float32")
+    config = dataclasses.replace(config, dtype=jnp.dtype(dtype).name)
+    return _assemble(config, shapes, lambda key: handles[key].get_tensor(key), folder)
+
+
+def _load_gguf(path: Path, dtype) -> Policy:
+    file = _gguf.read_gguf(path)
+    config = _gguf.gguf_config(file)
+    config = dataclasses.replace(config, dtype=jnp.dtype(dtype or jnp.float32).name)
+    shapes = {key: info.shape for key, info in file.tensors.items()}
+    return _assemble(config, shapes, lambda key: _gguf.gguf_tensor(file, key, config), path)
+
+
+def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> Policy:
+    """The `Policy` stored at `path`: a Hugging Face model folder or a `.gguf` file.
+
+    Args:
+      path: a folder with `config.json` and `model.safetensors` (or shards with
+        `model.safetensors.index.json`), or a llama-architecture `.gguf` file.
+      dtype: the parameters' dtype; None keeps the checkpoint's (float32 for a quantized GGUF,
+        whose weights are dequantized). Norms, softmax and logits are float32 either way.
+
+    Raises:
+      CheckpointError: naming the file and the key or limit, before any weight is read.
+
+    Examples:
+      >>> policy = load_policy("tests/core/hf/qwen2")
+      >>> policy.config.attention_bias, policy(jnp.array([[1, 2, 3]])).shape
+      (True, (1, 3, 119))
+      >>> load_policy("tests/core")  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew._hf_format.CheckpointError: tests/core: no config.json (not a Hugging Face model folder)
+    """
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return _load_gguf(path, dtype)
+    if path.is_dir():
+        return _load_folder(path, dtype)
+    raise CheckpointError(f"{path}: neither a model folder nor a .gguf file")
+
+
+def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
+    """Write `policy` as a Hugging Face model folder at `path` (created if missing).
+
+    `config.json`, `generation_config.json`, and the weights as `model.safetensors`, or, above
+    `shard_bytes`, as `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
+    Tied embeddings are written once. A value head is not part of the format and is left out.
+
+    Examples:
+      >>> import tempfile
+      >>> policy = load_policy("tests/core/hf/qwen3")
+      >>> with tempfile.TemporaryDirectory() as folder:
+      ...     save_policy(policy, folder)
+      ...     again = load_policy(folder)
+      >>> tokens = jnp.array([[1, 2, 3]])
+      >>> bool(jnp.array_equal(policy(tokens), again(tokens)))
+      True
+    """
+    folder = Path(path)
+    config = policy.config
+    raw = config_to_hf(config)
+    params = nnx.state(policy, nnx.Param)
+    tensors = {}
+    for names, variable in nnx.to_flat_state(params):
+        name = ".".join(map(str, names))
+        if name.startswith("value_head."):
+            continue
+        key, transposed = checkpoint_key(name)
+        value = variable.get_value()
+        tensors[key] = value.T if transposed else value
+    shards = [{}]
+    sizes = [0]
+    for key in sorted(tensors):
+        size = tensors[key].size * tensors[key].dtype.itemsize
+        if shards[-1] and sizes[-1] + size > shard_bytes:
+            shards.append({})
+            sizes.append(0)
+        shards[-1][key] = tensors[key]
+        sizes[-1] += size
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    generation = {
+        name: getattr(config, name)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if getattr(config, name) is not None
+    }
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if len(shards) == 1:
+        save_file(shards[0], folder / "model.safetensors", metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for number, shard in enumerate(shards, start=1):
+        name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, folder / name, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(shard, name)
+    index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+    (folder / _INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def with_value_head(policy: Policy, seed: int) -> Policy:
+    """`policy` with a zero-initialised value head (PPO's critic) added; the rest shared.
+
+    Examples:
+      >>> policy = with_value_head(load_policy("tests/core/hf/qwen3"), seed=0)
+      >>> policy.values(jnp.ones((2, policy.config.hidden_size))).tolist()
+      [0.0, 0.0]
+    """
+    config = dataclasses.replace(policy.config, value_head=True)
+    extended = abstract(config)
+    nnx.update(extended, nnx.state(policy))
+    extended.value_head = value_head(config, nnx.Rngs(seed))
+    return extended
+
+
+def load_tokenizer(path: str | Path) -> HFTokenizer:
+    """The tokenizer of a model folder (`tokenizer.json`, `tokenizer_config.json`) or `.gguf` file.
+
+    Examples:
+      >>> tokenizer = load_tokenizer("tests/core/hf/tokenizer")
+      >>> tokenizer.decode(tokenizer.encode("The answer is 72."))
+      'The answer is 72.'
+    """
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return HFTokenizer.from_gguf(_gguf.read_gguf(path).metadata, str(path))
+    if not (path / "tokenizer.json").is_file():
+        raise CheckpointError(f"{path}: no tokenizer.json")
+    settings = path / "tokenizer_config.json"
+    return HFTokenizer.from_files(
+        path / "tokenizer.json", _read_json(settings) if settings.is_file() else {}
+    )
