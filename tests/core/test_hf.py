@@ -212,7 +212,8 @@ def test_smollm2_logits_argmax_and_greedy_answer():
 
 
 def test_folder_models_resolve_with_their_tokenizer():
-    policy, tokenizer = resolve_model(str(FIXTURES / "qwen2-chat")).load(seed=0, value_head=True)
+    source = resolve_model(str(FIXTURES / "qwen2-chat"))
+    policy, tokenizer = source.policy(seed=0, value_head=True), source.tokenizer()
     assert tokenizer.eos_token_id == 2 and policy.value_head is not None
     assert load_tokenizer(FIXTURES / "qwen2-chat").encode("hi") == tokenizer.encode("hi")
 

@@ -405,7 +405,8 @@ def command_chat(argv: list[str]) -> int:
     from dew.tokenizers import end_of_turn_id
 
     try:
-        policy, tokenizer = resolve_model(args.model).load(args.seed)
+        source = resolve_model(args.model)
+        policy, tokenizer = source.policy(args.seed), source.tokenizer()
         message = [{"role": "user", "content": args.message}]
         prompt = tokenizer.encode(tokenizer.apply_chat_template(message, True))
         end = end_of_turn_id(tokenizer)
