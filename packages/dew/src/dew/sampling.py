@@ -133,7 +133,7 @@ def sample_state(
 
     def draw(i, logits, tokens, behavior, completion, done):
         """Write each live row's `i`-th new token, drawn from `logits`, after its prompt."""
-        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, i), temperature, top_p)
+        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, width + i), temperature, top_p)
         live = ~done
         at = last + 1 + i
         tokens = tokens.at[rows, at].set(jnp.where(live, drawn, pad_id))
@@ -183,7 +183,8 @@ def sample(
     Args:
       prompts: `[B, P]` token ids, each row's prompt left-aligned and right-padded.
       prompt_lengths: `[B]` length of each prompt (at least 1).
-      key: PRNG key; every row's `i`-th new token is drawn with `fold_in(key, i)`.
+      key: PRNG key; every row's `i`-th new token is drawn with `fold_in(key, P + i)`: the key
+        of the position it takes in a row whose prompt fills the width `P`.
       max_new_tokens: the most tokens a row samples; a row stops early at EOS. The prompt width
         plus `max_new_tokens` must fit the model's context (`max_position_embeddings`).
       temperature: softmax temperature; 0 decodes greedily.
