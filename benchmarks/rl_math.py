@@ -479,6 +479,7 @@ def main() -> None:
             if (r["function"], r["B"], r["T"], r["dtype"], r["mode"]) not in measured
         ]
         rows = kept + rows
+        machine["copy_GB_s"] = statistics.median(row["copy_GB_s"] for row in rows + forms)
     RESULTS.mkdir(exist_ok=True)
     out.write_text(
         json.dumps({"machine": machine, "functions": rows, "gae_forms": forms}, indent=1)
