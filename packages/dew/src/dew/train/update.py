@@ -93,7 +93,17 @@ def split_micro_batches(batch: Batch, count: int) -> Batch:
 
 
 def outputs_of(graphdef: nnx.GraphDef, params, batch: Batch, values: bool) -> PolicyOutputs:
-    """`policy_outputs` of the policy `(graphdef, params)` on `batch`'s completion tokens."""
+    """`policy_outputs` of the policy `(graphdef, params)` on `batch`'s completion tokens.
+
+    Examples:
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> tokens = jnp.array([[1, 5, 6, 2]])
+      >>> batch = Batch(tokens, tokens < 5, tokens >= 5, jnp.zeros((1, 4)), jnp.zeros(1), group=1)
+      >>> outputs_of(graphdef, params, batch, values=False).log_probs.shape
+      (1, 4)
+    """
     model = nnx.merge(graphdef, params)
     return policy_outputs(model, batch.tokens, batch.completion_mask, batch.segments, values=values)
 
