@@ -316,7 +316,7 @@ def command_train(argv: list[str]) -> int:
             config,
             console=console,
             quiet=quiet,
-            on_start=lambda d: console.print(f"run folder: {d}", highlight=False),
+            on_start=lambda d: console.print(f"run folder: {d}", highlight=False, soft_wrap=True),
         )
     except ConfigError as error:
         raise CommandError(str(error)) from error
@@ -329,6 +329,7 @@ def command_train(argv: list[str]) -> int:
         f"final mean reward {result.final_reward:.3f}, greedy reward {result.greedy_reward:.3f} "
         f"(step {last.get('step', 0)}, {last.get('time', 0.0):.1f} s)",
         highlight=False,
+        soft_wrap=True,
     )
     return 0
 
