@@ -272,8 +272,19 @@ def demonstrations(task: Task, prompts: Sequence[Sequence[int]], sharding=None) 
     return _rows(task, prompts, [task.answer(p) for p in prompts], 1, sharding)
 
 
+class _FromAnswers:
+    """A source built from the task's answers: the step samples one completion per prompt, for
+    the reward metric only, and any `--group` is accepted."""
+
+    min_group: ClassVar[int] = 1
+
+    def sampled_group(self, group: int) -> int:
+        """1: the rollout only measures the reward."""
+        return 1
+
+
 @dataclasses.dataclass(frozen=True)
-class Demonstrations:
+class Demonstrations(_FromAnswers):
     """Each prompt with the task's correct completion, one row per prompt.
 
     The step's rollout draws one completion per prompt, for the reward metric only.
@@ -282,12 +293,6 @@ class Demonstrations:
       >>> Demonstrations().rows(prompts=4, group=8), Demonstrations().sampled_group(8)
       (4, 1)
     """
-
-    min_group: ClassVar[int] = 1
-
-    def sampled_group(self, group: int) -> int:
-        """1: the rollout only measures the reward."""
-        return 1
 
     def rows(self, prompts: int, group: int) -> int:
         """`prompts`."""
@@ -349,7 +354,7 @@ def preferences(
 
 
 @dataclasses.dataclass(frozen=True)
-class Preferences:
+class Preferences(_FromAnswers):
     """Each prompt's correct completion (even row) beside a corrupted one (odd row), `group = 2`.
 
     The corruptions of step `s` come from `default_rng([seed, s, 1])`, so a resumed run replays
@@ -359,12 +364,6 @@ class Preferences:
       >>> Preferences().rows(prompts=4, group=8), Preferences().sampled_group(8)
       (8, 1)
     """
-
-    min_group: ClassVar[int] = 1
-
-    def sampled_group(self, group: int) -> int:
-        """1: the rollout only measures the reward."""
-        return 1
 
     def rows(self, prompts: int, group: int) -> int:
         """`2 * prompts`: a pair per prompt."""
