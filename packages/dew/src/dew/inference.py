@@ -1,7 +1,6 @@
 """A trained run loaded back: its policy at the latest checkpoint, its task, samples from it."""
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,7 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
     template = {"params": nnx.to_pure_dict(params)}
     try:
         if step is None:
-            step, restored = checkpoints.restore_latest(template, _warn)
+            step, restored = checkpoints.restore_latest(template)
             if step is None:
                 raise FileNotFoundError(f"{run_dir} holds no intact checkpoint")
         else:
@@ -88,10 +87,6 @@ def model_run(model: str, task: str = "reverse", seed: int = 0, **task_options) 
     task_instance = get_task(task, tokenizer=source.tokenizer(), **task_options)
     graphdef, params = nnx.split(source.policy(seed))
     return Run(graphdef, params, task_instance, {"model": model, "task": task}, 0)
-
-
-def _warn(message: str) -> None:
-    print(f"dew: warning: {message}", file=sys.stderr)
 
 
 def sample_run(

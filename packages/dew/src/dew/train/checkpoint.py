@@ -9,8 +9,8 @@ shapes and shardings.
 import contextlib
 import shutil
 import signal
+import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,14 +144,12 @@ class Checkpoints:
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         return {name: unflatten(template[name], restored[name]) for name in template}
 
-    def restore_latest(
-        self, template: dict[str, Any], warn: Callable[[str], None]
-    ) -> tuple[int | None, dict[str, Any]]:
+    def restore_latest(self, template: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         """The newest checkpoint that restores, as `(step, items)`; `(None, {})` if none does.
 
         A checkpoint that fails to restore (a truncated file, a missing item, an emptied step
         folder) is moved aside to `damaged/<step>` beside the checkpoints folder, so its step can
-        be saved again and nothing is deleted, and `warn` is told in one line.
+        be saved again and nothing is deleted, with a one-line warning on stderr.
         """
         for step in reversed(self.all_steps()):
             try:
@@ -162,9 +160,10 @@ class Checkpoints:
                 shutil.move(self.directory / str(step), aside)
                 self.manager.reload()
                 reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
-                warn(
-                    f"checkpoint {step} in {self.directory} is damaged "
-                    f"({type(error).__name__}: {reason}); moved to {aside}, trying the one before"
+                print(
+                    f"dew: warning: checkpoint {step} in {self.directory} is damaged "
+                    f"({type(error).__name__}: {reason}); moved to {aside}, trying the one before",
+                    file=sys.stderr,
                 )
         return None, {}
 

@@ -10,7 +10,6 @@ that raises stops it with the task and sample named: both leave the last checkpo
 
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -200,7 +199,7 @@ class Trainer:
         return held
 
     def _restore(self) -> None:
-        step, restored = self.checkpoints.restore_latest(self.state(), _warn)
+        step, restored = self.checkpoints.restore_latest(self.state())
         if step is None:
             raise ConfigError(f"--resume: {self.run_dir} has no intact checkpoint")
         self.params, self.opt_state = restored["params"], restored["opt_state"]
@@ -329,10 +328,6 @@ class Trainer:
 
 def _out_of_memory(error: Exception) -> bool:
     return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error)
-
-
-def _warn(message: str) -> None:
-    print(f"dew: warning: {message}", file=sys.stderr)
 
 
 def _rollout_metrics(sampled: Rollout) -> dict[str, float]:
