@@ -5,22 +5,27 @@ import dataclasses
 import numpy as np
 import pytest
 
+from dew.rewards import Reward
 from dew.rollout import DynamicSampling, Rollout
 from dew.rollout.sources import informative_groups, take_groups
 from dew.tasks import Reverse
+from dew.tasks.digits import answer_credit
 from dew.traces import TRACES
 from dew.train import TrainConfig, train
 
 
-class HalfSolved(Reverse):
-    """Reverse, except that a prompt starting with an even digit scores 1 whatever the answer."""
+def half_solved(prompts, completions, **columns):
+    """Reverse's credit, except that a prompt starting with an even digit scores 1 whatever."""
+    credit = answer_credit(prompts, completions, **columns)
+    return [1.0 if int(p[1]) % 2 == 0 else c for p, c in zip(prompts, credit, strict=True)]
 
+
+class HalfSolved(Reverse):
     name = "half_solved"
 
-    def reward(self, prompt, completion):
-        if self.digits(prompt)[0] % 2 == 0:
-            return 1.0
-        return super().reward(prompt, completion)
+    def __init__(self):
+        super().__init__(3, 3)
+        self.rewards = (Reward("half_solved", half_solved),)
 
 
 @pytest.fixture
@@ -46,9 +51,9 @@ def test_take_groups_keeps_whole_groups_in_the_order_asked():
     def part(offset):
         rows = np.arange(4)[:, None] + offset
         return Rollout(
-            batch=None, tokens=rows.astype(np.int32), prompt_mask=rows > 0,
+            batch=None, examples=[{}] * 4, tokens=rows.astype(np.int32), prompt_mask=rows > 0,
             completion_mask=rows > 1, behavior_log_probs=rows.astype(np.float32),
-            rewards=rows[:, 0].astype(np.float32), sample_s=0.0,
+            rewards=rows[:, 0].astype(np.float32), reward_parts={}, sample_s=0.0,
         )  # fmt: skip
 
     batch = take_groups([part(0), part(10)], [(1, 1), (0, 0)], group=2)
@@ -63,7 +68,7 @@ def run(tmp_path, objective, **changes):
         "out": str(tmp_path / "run"), "checkpoint_every": 100,
     }  # fmt: skip
     config = TrainConfig().replace(**{**options, **changes})
-    return train(config, objective=objective, task=HalfSolved(3, 3), quiet=True)
+    return train(config, objective=objective, task=HalfSolved(), quiet=True)
 
 
 def test_dropped_groups_are_refilled_from_fresh_rollouts(tmp_path, dynamic):

@@ -7,23 +7,29 @@ import numpy as np
 
 from dew import cli
 from dew.hf import load_tokenizer
+from dew.rollout import Prompter
 from dew.tasks import get_task
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
 
 
-def test_the_digit_tasks_write_text_in_any_tokenizer():
+def test_the_digit_tasks_are_chat_prompts_on_a_chat_model():
     tokenizer = load_tokenizer(CHAT)
     for name in ("reverse", "add"):
-        task = get_task(name, tokenizer=tokenizer)
-        prompts = task.prompts(np.random.default_rng(0), 8)
-        assert all(len(p) <= task.max_prompt_len for p in prompts)
-        for prompt in prompts:
-            answer = task.answer(prompt)
-            assert len(answer) <= task.max_new_tokens
-            assert task.reward(prompt, answer) == 1.0
-            assert task.reward(prompt, answer[:-1]) < 1.0  # no end of turn: not finished
-            assert task.reward(prompt, [tokenizer.eos_token_id]) < 0.5
+        prompter = Prompter(get_task(name), tokenizer)
+        assert prompter.chat and prompter.stop_id == tokenizer.tokenizer.token_to_id("<|im_end|>")
+        prompts = prompter.draw(np.random.default_rng(0), 8)
+        assert all(len(p) <= prompter.width for p in prompts.tokens)
+        for example, tokens in zip(*prompts[:2], strict=True):
+            assert tokenizer.decode(tokens) == (
+                f"<|im_start|>user\n{example['prompt']}<|im_end|>\n<|im_start|>assistant\n"
+            )
+            answer = prompter.demonstration(example)
+            assert len(answer) <= prompter.max_new_tokens
+            rewards, _ = prompter.score([example] * 3, [answer, answer[:-1], [prompter.stop_id]])
+            assert rewards[0] == 1.0
+            assert rewards[1] < 1.0  # no end of turn: not finished
+            assert rewards[2] < 0.5
 
 
 def test_train_and_sample_take_a_checkpoint_folder(capsys, tmp_path):

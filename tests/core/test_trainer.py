@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from dew.objectives.sft import SFT
+from dew.rewards import Reward
 from dew.rollout import RewardError
 from dew.tasks import Reverse
+from dew.tasks.digits import answer_credit
 from dew.traces import TRACES
 from dew.train import ConfigError, TrainConfig, TrainingError, train
 from dew.train.checkpoint import Checkpoints
@@ -163,21 +165,23 @@ class FlakyReverse(Reverse):
     def __init__(self):
         super().__init__()
         self.steps = 0
+        self.rewards = (Reward("flaky_credit", self.credit),)
 
-    def prompts(self, rng, n):
+    def examples(self, rng, n):
         self.steps += 1
-        return super().prompts(rng, n)
+        return super().examples(rng, n)
 
-    def reward(self, prompt, completion):
+    def credit(self, prompts, completions, **columns):
         if self.steps >= 3:
             raise KeyError("no such digit")
-        return super().reward(prompt, completion)
+        return answer_credit(prompts, completions, **columns)
 
 
-def test_a_raising_reward_stops_the_run_naming_task_and_sample(tmp_path, reinforce):
+def test_a_raising_reward_stops_the_run_naming_function_and_sample(tmp_path, reinforce):
     config = small(tmp_path, steps=5, checkpoint_every=1)
     with pytest.raises(
-        RewardError, match=r"task 'flaky': reward raised KeyError.*prompt '\^\d+>', completion '"
+        RewardError,
+        match=r"reward 'flaky_credit' raised KeyError.*prompt '\^\d+>', completion '",
     ):
         train(config, objective=reinforce, task=FlakyReverse(), quiet=True)
     assert Checkpoints(tmp_path / "run" / "checkpoints").latest_step() == 2
@@ -196,7 +200,7 @@ def test_a_raising_reward_stops_the_run_naming_task_and_sample(tmp_path, reinfor
         ({"devices": 2}, "--devices must be in"),
         ({"micro_batches": 3}, "--micro-batches .* must divide --prompts"),
         ({"model": "huge"}, "--model 'huge' is neither a built-in model"),
-        ({"task": "juggle"}, "unknown task 'juggle'; available: add, copy, .*reverse"),
+        ({"task": "juggle"}, "unknown task 'juggle'; available: add, arithmetic, copy, .*reverse"),
         ({"objective": "nope"}, "unknown objective 'nope'; available: .*sft"),
     ],
 )

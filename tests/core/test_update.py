@@ -13,8 +13,9 @@ from dew.models.llama import build
 from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
 from dew.objectives.sft import SFT
-from dew.rollout import rollout
+from dew.rollout import Prompter, rollout
 from dew.tasks import get_task
+from dew.tokenizers import DIGITS
 from dew.train.config import OptimizerOptions, UpdateOptions
 from dew.train.update import (
     UpdateSpec,
@@ -29,12 +30,12 @@ from dew.train.update import (
 
 @pytest.fixture(scope="module")
 def setup():
-    task = get_task("reverse")
-    config = dataclasses.replace(SIZES["tiny"], vocab_size=task.tokenizer.vocab_size)
+    prompter = Prompter(get_task("reverse"), DIGITS)
+    config = dataclasses.replace(SIZES["tiny"], vocab_size=DIGITS.vocab_size)
     graphdef, params = nnx.split(build(config, 0))
     params = nnx.to_pure_dict(params)
-    prompts = task.prompts(np.random.default_rng(0), 8)
-    batch = rollout(graphdef, params, task, prompts, 4, jax.random.key(0)).batch
+    prompts = prompter.draw(np.random.default_rng(0), 8)
+    batch = rollout(graphdef, params, prompter, prompts, 4, jax.random.key(0)).batch
     return graphdef, params, batch
 
 

@@ -17,8 +17,9 @@ from dew import cli
 from dew.models.llama import build
 from dew.models.outputs import log_probs_and_values
 from dew.models.registry import SIZES
-from dew.rollout import rollout
+from dew.rollout import Prompter, rollout
 from dew.tasks import Reverse
+from dew.tokenizers import DIGITS
 from dew.train import TrainConfig, train
 
 TASK = Reverse(1, 3)
@@ -79,9 +80,10 @@ def test_ppos_critic_learns_the_returns(tmp_path):
     initial = nnx.to_pure_dict(
         nnx.state(build(dataclasses.replace(SIZES["tiny"], value_head=True), config.run.seed))
     )
-    prompts = Reverse(1, 1).prompts(np.random.default_rng(7), 16)
+    prompter = Prompter(Reverse(1, 1), DIGITS)
+    prompts = prompter.draw(np.random.default_rng(7), 16)
     key = jax.random.key(1)
-    batch = rollout(result.graphdef, result.params, Reverse(1, 1), prompts, 4, key).batch
+    batch = rollout(result.graphdef, result.params, prompter, prompts, 4, key).batch
     before = critic_error(result.graphdef, initial, batch)
     after = critic_error(result.graphdef, result.params, batch)
     assert after < before / 4, (before, after)

@@ -10,23 +10,34 @@ Examples:
 """
 
 from dew.batch import Batch
+from dew.evaluation import evaluate, pass_at_k
 from dew.inference import load_run, model_run, sample_run
 from dew.models import CausalLM
 from dew.models.outputs import PolicyOutputs
 from dew.models.registry import resolve_model
 from dew.objective import Objective, available_objectives, load_objective
+from dew.rewards import Reward, RewardFunction, get_reward, math_answer
 from dew.rollout import (
     BatchSource,
     Demonstrations,
     DynamicSampling,
     Preferences,
+    Prompter,
     RewardError,
     Rollout,
     Sampled,
     rollout,
 )
 from dew.sampling import sample
-from dew.tasks import DigitTask, Task, available_tasks, get_task, register_task
+from dew.tasks import (
+    Dataset,
+    DigitTask,
+    Task,
+    available_tasks,
+    get_task,
+    load_examples,
+    register_task,
+)
 from dew.tokenizers import Tokenizer
 from dew.train import ConfigError, TrainConfig, TrainingError, TrainResult, train
 from dew.train.callbacks import Callback
@@ -38,13 +49,17 @@ __all__ = [
     "Callback",
     "CausalLM",
     "ConfigError",
+    "Dataset",
     "Demonstrations",
     "DigitTask",
     "DynamicSampling",
     "Objective",
     "PolicyOutputs",
     "Preferences",
+    "Prompter",
+    "Reward",
     "RewardError",
+    "RewardFunction",
     "Rollout",
     "Sampled",
     "Task",
@@ -55,10 +70,15 @@ __all__ = [
     "TrainingError",
     "available_objectives",
     "available_tasks",
+    "evaluate",
+    "get_reward",
     "get_task",
+    "load_examples",
     "load_objective",
     "load_run",
+    "math_answer",
     "model_run",
+    "pass_at_k",
     "register_task",
     "resolve_model",
     "rollout",

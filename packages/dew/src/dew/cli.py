@@ -164,6 +164,20 @@ def task_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def reward_option(text: str) -> tuple[str, Any]:
+    """`NAME.KEY=VALUE` as a ("NAME.KEY", value) pair, the value read as a literal when it is one.
+
+    Examples:
+      >>> reward_option("format.pattern=ok"), reward_option("mod:f.scale=2")
+      (('format.pattern', 'ok'), ('mod:f.scale', 2))
+    """
+    key, sep, value = text.partition("=")
+    name, dot, option_name = key.rpartition(".")
+    if not sep or not dot or not name or not option_name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME.KEY=VALUE, got {text!r}")
+    return key, task_option(f"{option_name}={value}")[1]
+
+
 def add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
     """One flag per option of `TrainConfig` and its sections, help and defaults from the code.
 
@@ -174,7 +188,7 @@ def add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
 
     described = field_help(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
-        if field.name in SECTIONS or field.name.endswith("_options"):
+        if field.name in SECTIONS or field.name.endswith("_options") or field.name == "rewards":
             continue
         _add_field(parser, field.name, str, described[field.name], getattr(defaults, field.name))
     for section, cls in SECTIONS.items():
@@ -187,10 +201,14 @@ def add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
 
 
 def _add_field(parser, name: str, annotation, text: str, default) -> None:
+    from dew.train.config import CHECKPOINT_DEFAULTS
+
     parse, is_bool = field_parser(annotation)
     text = text.rstrip(".")
     if is_bool:
         default = "on" if default else "off"
+    if name in CHECKPOINT_DEFAULTS:
+        default = f"{default}; {CHECKPOINT_DEFAULTS[name]} on a checkpoint"
     shown = text if default is None or "(default" in text else f"{text} (default: {default})"
     if is_bool:
         parser.add_argument(
@@ -229,6 +247,15 @@ def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParse
         exit_on_error=False,
     )
     add_config_flags(parser, defaults)
+    add_task_flags(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    if objective_cls is not None:
+        add_objective_flags(parser, objective_cls)
+    return parser
+
+
+def add_task_flags(parser: argparse.ArgumentParser) -> None:
+    """`--task-option`, `--reward` and `--reward-option`: the repeatable flags of a task."""
     parser.add_argument(
         "--task-option",
         dest="task_options",
@@ -238,10 +265,38 @@ def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParse
         metavar="KEY=VALUE",
         help="an argument of the task, repeatable (e.g. max_len=6 for the digit tasks)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
-    if objective_cls is not None:
-        add_objective_flags(parser, objective_cls)
-    return parser
+    parser.add_argument(
+        "--reward",
+        dest="rewards",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="NAME[=WEIGHT]",
+        help="a reward function in place of the task's, repeatable: math_answer, format, "
+        "overlong, an installed one, or module:function; weight 1 unless given",
+    )
+    parser.add_argument(
+        "--reward-option",
+        dest="reward_options",
+        action="append",
+        type=reward_option,
+        default=argparse.SUPPRESS,
+        metavar="NAME.KEY=VALUE",
+        help="a keyword option of a reward function, repeatable (e.g. format.pattern=REGEX)",
+    )
+
+
+def task_values(args: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """The task flags of parsed `args` over the `saved` run's: options merged, rewards replaced.
+
+    Examples:
+      >>> task_values({"rewards": ["format"], "task_options": [("level", 2)]}, {})
+      {'task_options': {'level': 2}, 'reward_options': {}, 'rewards': ('format',)}
+    """
+    values = {}
+    for name in ("task_options", "reward_options"):
+        values[name] = {**saved.get(name, {}), **dict(args.pop(name, []))}
+    values["rewards"] = tuple(args.pop("rewards", saved.get("rewards", ())))
+    return values
 
 
 def newest_run(root: Path = Path("runs")) -> Path:
@@ -264,7 +319,9 @@ def parse_train(argv: list[str]):
       >>> config.objective, config.run.steps, config.task_options, config.rollout.prompts, quiet
       ('sft', 3, {'max_len': 4}, 32, True)
     """
+    from dew.models.registry import SIZES
     from dew.train import TrainConfig
+    from dew.train.config import CHECKPOINT_DEFAULTS
     from dew.train.runlog import read_config
 
     defaults = TrainConfig()
@@ -294,11 +351,12 @@ def parse_train(argv: list[str]):
     quiet = args.pop("quiet", False)
     options = dict(saved.get("objective_options", {})) if saved.get("objective") == name else {}
     options.update({k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("objective.")})
-    task_options = dict(saved.get("task_options", {}))
-    task_options.update(dict(args.pop("task_options", [])))
+    tasks = task_values(args, saved)
     values = {k: v for k, v in saved.items() if not k.endswith("_options")}
+    if not known.resume and args.get("model", defaults.model) not in SIZES:
+        values.update(CHECKPOINT_DEFAULTS)
     values.update({k: v for k, v in args.items() if not k.startswith("objective.")})
-    values.update(objective=name, objective_options=options, task_options=task_options)
+    values.update(objective=name, objective_options=options, **tasks)
     return defaults.replace(**values), quiet
 
 
@@ -358,18 +416,103 @@ def command_sample(argv: list[str]) -> int:
     if args.n <= 0 or args.temperature < 0:
         raise CommandError("--n must be > 0 and --temperature >= 0")
     from dew.inference import load_run, model_run, sample_run
+    from dew.train import TrainConfig
 
     try:
-        run = load_run(args.run) if args.run else model_run(args.model, args.task)
+        config = TrainConfig(task=args.task)
+        run = load_run(args.run) if args.run else model_run(args.model, config)
     except (FileNotFoundError, ValueError) as error:
         raise CommandError(str(error)) from error
-    decode = run.task.tokenizer.decode
     if args.run:
         print(f"run {args.run}, step {run.step}, task {run.task.name}")
     else:
         print(f"model {args.model}, task {run.task.name}")
-    for prompt, completion, reward in sample_run(run, args.n, args.temperature, args.seed):
-        print(f"{decode(prompt):>14}  {decode(completion):<12} reward {reward:.2f}")
+    for sample in sample_run(run, args.n, args.temperature, args.seed):
+        prompt, completion = (str(sample[key]) for key in ("prompt", "completion"))
+        print(f"{prompt!r:>14}  {completion!r:<14} reward {sample['reward']:.2f}")
+    return 0
+
+
+def eval_parser() -> argparse.ArgumentParser:
+    """The parser of `dew eval`."""
+    parser = argparse.ArgumentParser(
+        prog="dew eval",
+        description="Evaluate a run's policy (a run folder) or a model on a task's held-out "
+        "examples: mean reward, pass@1, pass@k, maj@k and completion length.",
+        exit_on_error=False,
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a run folder (its latest checkpoint, on its task unless --task or --data), a "
+        "built-in model, smollm2, a checkpoint folder or a .gguf file",
+    )
+    parser.add_argument("--task", help="the task (default: the run's, else reverse)")
+    parser.add_argument("--data", help="a .jsonl or .parquet file of examples, in place of --task")
+    add_task_flags(parser)
+    parser.add_argument("--k", type=int, default=1, help="completions per prompt (default: 1)")
+    parser.add_argument(
+        "--prompts", type=int, default=64, help="held-out prompts at most (default: 64)"
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)"
+    )
+    parser.add_argument("--system-prompt", help="a system message (chat templates only)")
+    parser.add_argument("--max-new-tokens", type=int, help="(default: the task's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    parser.add_argument("--out", help="also append the metrics as a JSON line to this file")
+    return parser
+
+
+def command_eval(argv: list[str]) -> int:
+    """Run `dew eval`; the exit status."""
+    try:
+        args = vars(eval_parser().parse_args(argv))
+    except argparse.ArgumentError as error:
+        raise CommandError(str(error)) from error
+    if args["k"] < 1 or args["prompts"] < 1 or args["temperature"] < 0:
+        raise CommandError("--k and --prompts must be >= 1 and --temperature >= 0")
+    import json
+
+    import jax
+
+    from dew.evaluation import evaluate
+    from dew.inference import load_run, model_run
+    from dew.train import TrainConfig
+    from dew.train.runlog import read_config
+
+    model = args.pop("model")
+    is_run = (Path(model) / "config.json").is_file() and (Path(model) / "checkpoints").is_dir()
+    try:
+        saved = TrainConfig.from_record(read_config(model)).flat() if is_run else {}
+        values = {k: v for k, v in saved.items() if not k.endswith("_options")}
+        values.update(task_values(args, saved))
+        if args["task"] or args["data"]:
+            values.update(task=args["task"] or "reverse", data=args["data"])
+        for name in ("system_prompt", "max_new_tokens"):
+            if args[name] is not None:
+                values[name] = args[name]
+        config = TrainConfig().replace(**values)
+        run = load_run(model, config=config) if is_run else model_run(model, config, args["seed"])
+        metrics = evaluate(
+            run.graphdef,
+            run.params,
+            run.prompter,
+            prompts=args["prompts"],
+            k=args["k"],
+            temperature=args["temperature"],
+            key=jax.random.key(args["seed"]),
+        )
+    except (FileNotFoundError, ValueError) as error:
+        raise CommandError(str(error)) from error
+    where = f"run {model}, step {run.step}" if is_run else f"model {model}"
+    print(f"{where}, task {run.task.name}, k={args['k']}, temperature {args['temperature']}")
+    for name, value in metrics.items():
+        print(f"  {name.removeprefix('eval/'):<18} {value:.4f}")
+    if args["out"]:
+        row = {"model": model, "step": run.step, "task": run.task.name, **metrics}
+        with open(args["out"], "a", encoding="utf-8") as out:
+            out.write(json.dumps(row) + "\n")
     return 0
 
 
@@ -453,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a task's prompts with a run's or a model's completions",
         add_help=False,
     )
+    commands.add_parser(
+        "eval", help="evaluate a run or a model on a task's held-out examples", add_help=False
+    )
     commands.add_parser("chat", help="answer one message with a chat model", add_help=False)
     return parser
 
@@ -491,16 +637,22 @@ def main(argv: list[str] | None = None) -> int:
       >>> shutil.rmtree(out)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "sample", "chat"):
+    commands = {
+        "train": command_train,
+        "sample": command_sample,
+        "eval": command_eval,
+        "chat": command_chat,
+    }
+    if not argv or argv[0] not in commands:
         parser = build_parser()
         if not argv or argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
         parser.print_usage(sys.stderr)
-        known = "use train, sample or chat"
+        known = "use train, sample, eval or chat"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
-    command = {"train": command_train, "sample": command_sample, "chat": command_chat}[argv[0]]
+    command = commands[argv[0]]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

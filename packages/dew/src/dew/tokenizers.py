@@ -7,6 +7,7 @@ finds it beside a checkpoint).
 """
 
 import datetime
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -246,11 +247,16 @@ class HFTokenizer:
         """The text of `ids`, special tokens kept."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    @functools.cached_property
+    def _compiled_template(self) -> jinja2.Template:
+        """The chat template, compiled once: compiling takes far longer than rendering."""
+        return _template_environment().from_string(self.chat_template)
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """`messages` rendered by the chat template; `ValueError` when there is none."""
         if self.chat_template is None:
             raise ValueError(f"{self.source}: this tokenizer has no chat template")
-        template = _template_environment().from_string(self.chat_template)
+        template = self._compiled_template
         special = {name: text for name, text in self.special.items() if text is not None}
         return template.render(
             messages=messages, add_generation_prompt=add_generation_prompt, **special

@@ -1,11 +1,14 @@
 """Rollouts and batch sources: prompts in, the batch an objective trains on out.
 
+- `dew.rollout.prompter`: a task's examples in the model's tokens, its completions scored.
 - `dew.rollout.generate`: sample and score `group` completions per prompt (a `Rollout`).
 - `dew.rollout.sources`: the `BatchSource` protocol and its sources (sampled, dynamic sampling,
   demonstrations, preferences).
 """
 
-from dew.rollout.generate import RewardError, Rollout, pad_prompts, rollout, score
+from dew.rewards import RewardError
+from dew.rollout.generate import Rollout, completions, pad_prompts, rollout
+from dew.rollout.prompter import Prompter, Prompts
 from dew.rollout.sources import (
     BatchSource,
     Demonstrations,
@@ -20,11 +23,13 @@ __all__ = [
     "Demonstrations",
     "DynamicSampling",
     "Preferences",
+    "Prompter",
+    "Prompts",
     "RewardError",
     "Rollout",
     "Sampled",
     "StepRollout",
+    "completions",
     "pad_prompts",
     "rollout",
-    "score",
 ]

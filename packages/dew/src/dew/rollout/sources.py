@@ -5,8 +5,8 @@ Every step samples a rollout of its prompts (its rewards are the run's metric); 
 
 - `Sampled`: the rollout itself, `group` completions per prompt (the RL objectives);
 - `DynamicSampling`: the rollout's informative groups, refilled from fresh rollouts (DAPO);
-- `Demonstrations`: each prompt with the task's correct completion (supervised fine-tuning);
-- `Preferences`: each prompt's correct completion beside a corrupted one (DPO).
+- `Demonstrations`: each prompt with its example's completion (supervised fine-tuning);
+- `Preferences`: each prompt's chosen completion beside a rejected one (DPO).
 """
 
 import dataclasses
@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.batch import Batch
-from dew.rollout.generate import Rollout, score
-from dew.tasks import Task
+from dew.rollout.generate import Rollout
+from dew.rollout.prompter import Prompter, Prompts
 
 __all__ = [
     "REFILL_STREAM",
@@ -46,8 +46,8 @@ class StepRollout:
 
     Attributes:
       sampled: the step's scored rollout.
-      prompts: the step's prompts, as token lists.
-      task: the task the prompts come from.
+      prompts: the step's examples and their prompt tokens.
+      prompter: the task in the model's tokens, which drew them.
       step: the step, 1-based.
       seed: the run's seed.
       group: the run's completions per prompt (`--group`).
@@ -58,13 +58,13 @@ class StepRollout:
     """
 
     sampled: Rollout
-    prompts: Sequence[Sequence[int]]
-    task: Task
+    prompts: Prompts
+    prompter: Prompter
     step: int
     seed: int
     group: int
     key: jax.Array
-    sample: Callable[[Sequence[Sequence[int]], int, jax.Array], Rollout]
+    sample: Callable[[Prompts, int, jax.Array], Rollout]
     sharding: Any = None
 
 
@@ -153,14 +153,15 @@ class DynamicSampling(Sampled):
       >>> from dew.models.registry import SIZES
       >>> from dew.rollout import rollout
       >>> from dew.tasks import get_task
-      >>> task = get_task("reverse")
+      >>> from dew.tokenizers import DIGITS
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> def sample(prompts, group, key):
-      ...     return rollout(graphdef, params, task, prompts, group, key)
-      >>> prompts = task.prompts(np.random.default_rng(0), 2)
+      ...     return rollout(graphdef, params, prompter, prompts, group, key)
+      >>> prompts = prompter.draw(np.random.default_rng(0), 2)
       >>> key = jax.random.key(0)
       >>> first = sample(prompts, 2, key)
-      >>> step = StepRollout(first, prompts, task, 1, 0, 2, key, sample)
+      >>> step = StepRollout(first, prompts, prompter, 1, 0, 2, key, sample)
       >>> batch, metrics = DynamicSampling(max_refills=2).batch(step)
       >>> batch.size == first.batch.size, sorted(metrics)
       (True, ['informative_groups', 'refills'])
@@ -173,7 +174,7 @@ class DynamicSampling(Sampled):
 
     def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
         """The informative groups first, refilled; the metrics of the refills."""
-        group, wanted = step.group, len(step.prompts)
+        group, wanted = step.group, len(step.prompts.examples)
         parts = [step.sampled]
         informative = informative_groups(step.sampled.rewards, group)
         picks = [(0, int(g)) for g in np.flatnonzero(informative)]
@@ -182,7 +183,7 @@ class DynamicSampling(Sampled):
             refills += 1
             rng = np.random.default_rng([step.seed, step.step, REFILL_STREAM, refills])
             part = step.sample(
-                step.task.prompts(rng, wanted), group, jax.random.fold_in(step.key, refills)
+                step.prompter.draw(rng, wanted), group, jax.random.fold_in(step.key, refills)
             )
             parts.append(part)
             informative = informative_groups(part.rewards, group)
@@ -214,11 +215,14 @@ def take_groups(
       >>> from dew.models.llama import build
       >>> from dew.models.registry import SIZES
       >>> from dew.rollout import rollout
+      >>> from dew.rollout import Prompter
       >>> from dew.tasks import get_task
-      >>> task = get_task("reverse")
+      >>> from dew.tokenizers import DIGITS
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
-      >>> prompts = task.prompts(np.random.default_rng(0), 2)
-      >>> parts = [rollout(graphdef, params, task, prompts, 2, jax.random.key(k)) for k in (0, 1)]
+      >>> prompts = prompter.draw(np.random.default_rng(0), 2)
+      >>> keys = jax.random.split(jax.random.key(0))
+      >>> parts = [rollout(graphdef, params, prompter, prompts, 2, key) for key in keys]
       >>> batch = take_groups(parts, [(1, 0), (0, 1)], 2)
       >>> batch.tokens.shape, batch.group
       ((4, 9), 2)
@@ -237,44 +241,48 @@ def take_groups(
     return Batch(*_placed(tuple(rows(name) for name in names), sharding), group=group)
 
 
-def _rows(task: Task, prompts, completions, group: int, sharding, rewards=None) -> Batch:
-    """A `Batch` of fixed prompt + completion rows, scored with the task unless `rewards`."""
-    width = task.max_prompt_len + task.max_new_tokens
-    tokens = np.full((len(prompts), width), task.tokenizer.pad_token_id, np.int32)
+def _rows(prompter: Prompter, examples, completions, group: int, sharding, rewards=None) -> Batch:
+    """A `Batch` of fixed prompt + completion rows, scored by the task unless `rewards`."""
+    width = prompter.width + prompter.max_new_tokens
+    tokens = np.full((len(examples), width), prompter.pad_id, np.int32)
     prompt_mask = np.zeros(tokens.shape, bool)
     completion_mask = np.zeros(tokens.shape, bool)
-    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-        completion = list(completion)[: task.max_new_tokens]
+    completions = [list(c)[: prompter.max_new_tokens] for c in completions]
+    for row, (prompt, completion) in enumerate(
+        zip(prompter.encode_all(examples).tokens, completions, strict=True)
+    ):
         tokens[row, : len(prompt)] = prompt
         tokens[row, len(prompt) : len(prompt) + len(completion)] = completion
         prompt_mask[row, : len(prompt)] = True
         completion_mask[row, len(prompt) : len(prompt) + len(completion)] = True
     if rewards is None:
-        rewards = score(task, tokens, prompt_mask, completion_mask)
+        rewards, _ = prompter.score(examples, completions)
     arrays = (tokens, prompt_mask, completion_mask, np.zeros(tokens.shape, np.float32), rewards)
     return Batch(*_placed(arrays, sharding), group=group)
 
 
-def demonstrations(task: Task, prompts: Sequence[Sequence[int]], sharding=None) -> Batch:
-    """One row per prompt: the prompt and the task's correct completion, `group = 1`.
+def demonstrations(prompter: Prompter, examples: Sequence[dict], sharding=None) -> Batch:
+    """One row per example: its prompt and its completion (`Prompter.demonstration`), `group = 1`.
 
     `behavior_log_probs` is 0: nothing was sampled.
 
     Examples:
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
-      >>> batch = demonstrations(get_task("reverse"), [DIGITS.encode("^123>")])
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> batch = demonstrations(prompter, [{"prompt": "^123>", "answer": "321"}])
       >>> DIGITS.decode(batch.tokens[0]), batch.group, batch.rewards
       ('^123>321$', 1, Array([1.], dtype=float32))
       >>> DIGITS.decode(batch.tokens[0][batch.completion_mask[0]])
       '321$'
     """
-    return _rows(task, prompts, [task.answer(p) for p in prompts], 1, sharding)
+    answers = [prompter.demonstration(example) for example in examples]
+    return _rows(prompter, examples, answers, 1, sharding)
 
 
 class _FromAnswers:
-    """A source built from the task's answers: the step samples one completion per prompt, for
-    the reward metric only, and any `--group` is accepted."""
+    """A source built from the examples' completions: the step samples one completion per
+    prompt, for the reward metric only, and any `--group` is accepted."""
 
     min_group: ClassVar[int] = 1
 
@@ -285,7 +293,7 @@ class _FromAnswers:
 
 @dataclasses.dataclass(frozen=True)
 class Demonstrations(_FromAnswers):
-    """Each prompt with the task's correct completion, one row per prompt.
+    """Each prompt with its example's completion, one row per prompt.
 
     The step's rollout draws one completion per prompt, for the reward metric only.
 
@@ -300,62 +308,70 @@ class Demonstrations(_FromAnswers):
 
     def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
         """`demonstrations` of the step's prompts, and no metrics."""
-        return demonstrations(step.task, step.prompts, step.sharding), {}
+        return demonstrations(step.prompter, step.prompts.examples, step.sharding), {}
 
 
-def corrupt(answer: Sequence[int], task: Task, rng: np.random.Generator) -> list[int]:
-    """`answer` with one to all of its digits changed to a different digit (EOS kept).
+def corrupt(text: str, rng: np.random.Generator) -> str:
+    """`text` with one to all of its digits changed to a different digit.
 
-    The answer's text is changed and encoded again with the task's tokenizer.
+    A text without digits gets a digit put in front.
 
     Examples:
-      >>> from dew.tasks import get_task
-      >>> from dew.tokenizers import DIGITS
-      >>> wrong = corrupt(DIGITS.encode("123$"), get_task("reverse"), np.random.default_rng(0))
-      >>> wrong != DIGITS.encode("123$") and wrong[-1] == DIGITS.eos_token_id
-      True
+      >>> corrupt("321", np.random.default_rng(0))
+      '432'
+      >>> corrupt("none", np.random.default_rng(0))
+      '8none'
     """
-    tok = task.tokenizer
-    body = list(answer)
-    if body and body[-1] == tok.eos_token_id:
-        body = body[:-1]
-    text = list(tok.decode(body))
-    positions = [i for i, c in enumerate(text) if c.isdigit()]
+    chars = list(text)
+    positions = [i for i, c in enumerate(chars) if c.isdigit()]
     if not positions:
-        return [*tok.encode(str(int(rng.integers(0, 10))) + "".join(text)), tok.eos_token_id]
+        return str(int(rng.integers(0, 10))) + text
     count = int(rng.integers(1, len(positions) + 1))
     for i in rng.choice(positions, size=count, replace=False):
-        text[i] = str((int(text[i]) + int(rng.integers(1, 10))) % 10)
-    return [*tok.encode("".join(text)), tok.eos_token_id]
+        chars[i] = str((int(chars[i]) + int(rng.integers(1, 10))) % 10)
+    return "".join(chars)
 
 
 def preferences(
-    task: Task, prompts: Sequence[Sequence[int]], rng: np.random.Generator, sharding=None
+    prompter: Prompter, examples: Sequence[dict], rng: np.random.Generator, sharding=None
 ) -> Batch:
-    """Pairs on adjacent rows, `group = 2`: the correct answer (even row), a corrupted one (odd).
+    """Pairs on adjacent rows, `group = 2`: the chosen completion (even row), the rejected (odd).
 
-    Rewards are 1 for the chosen row and 0 for the rejected one.
+    An example's `chosen` and `rejected` columns when it has them (TRL's preference layout);
+    otherwise its completion (`Prompter.demonstration`) and that text `corrupt`ed. Rewards are 1
+    for the chosen row and 0 for the rejected one.
 
     Examples:
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
-      >>> prompts = [DIGITS.encode("^123>")]
-      >>> batch = preferences(get_task("reverse"), prompts, np.random.default_rng(0))
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> example = {"prompt": "^123>", "answer": "321"}
+      >>> batch = preferences(prompter, [example], np.random.default_rng(0))
       >>> [DIGITS.decode(row) for row in batch.tokens], batch.group, batch.rewards
       (['^123>321$', '^123>432$'], 2, Array([1., 0.], dtype=float32))
     """
     rows, completions = [], []
-    for prompt in prompts:
-        right = task.answer(prompt)
-        rows += [prompt, prompt]
-        completions += [right, corrupt(right, task, rng)]
-    rewards = np.tile(np.array([1.0, 0.0], np.float32), len(prompts))
-    return _rows(task, rows, completions, 2, sharding, rewards)
+    for example in examples:
+        chosen = example.get("chosen", example.get("completion", example.get("answer")))
+        if not isinstance(chosen, str):
+            raise ValueError(
+                f"task {prompter.task.name!r}: learning from preferences needs examples with "
+                "text 'chosen' and 'rejected' columns, or a 'completion' or 'answer' column"
+            )
+        rejected = example.get("rejected")
+        if not isinstance(rejected, str):
+            rejected = corrupt(chosen, rng)
+        rows += [example, example]
+        completions += [
+            [*prompter.continuation(text), prompter.stop_id] for text in (chosen, rejected)
+        ]
+    rewards = np.tile(np.array([1.0, 0.0], np.float32), len(examples))
+    return _rows(prompter, rows, completions, 2, sharding, rewards)
 
 
 @dataclasses.dataclass(frozen=True)
 class Preferences(_FromAnswers):
-    """Each prompt's correct completion (even row) beside a corrupted one (odd row), `group = 2`.
+    """Each prompt's chosen completion (even row) beside a rejected one (odd row), `group = 2`.
 
     The corruptions of step `s` come from `default_rng([seed, s, 1])`, so a resumed run replays
     them. The step's rollout draws one completion per prompt, for the reward metric only.
@@ -372,4 +388,4 @@ class Preferences(_FromAnswers):
     def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
         """`preferences` of the step's prompts, and no metrics."""
         rng = np.random.default_rng([step.seed, step.step, 1])
-        return preferences(step.task, step.prompts, rng, step.sharding), {}
+        return preferences(step.prompter, step.prompts.examples, rng, step.sharding), {}

@@ -4,9 +4,11 @@ The `Trainer` calls every callback's hooks in order: `on_start` once, `on_metric
 step's metrics row (a failing step's too, before it is checked), `on_step` after a step whose
 loss is finite, and `on_end` once, however the run ends. The run folder's files come from the
 built-in ones: `MetricsLog` (`metrics.jsonl`), `Progress` (the live display), `Checkpointing`
-(`checkpoints/`) and `RewardPlot` (`reward.png`).
+(`checkpoints/`), `RewardPlot` (`reward.png`) and `SampleLog` (`samples.jsonl`).
 """
 
+import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,11 @@ __all__ = [
     "MetricsLog",
     "Progress",
     "RewardPlot",
+    "SampleLog",
 ]
+
+SAMPLES_PER_STEP = 4
+"""How many of a step's completions `SampleLog` writes: the first of as many prompts."""
 
 
 class Callback:
@@ -107,3 +113,39 @@ class RewardPlot(Callback):
 
         if trainer.log.rows:
             plot_run(trainer.log.rows, self.path, self.title)
+
+
+class SampleLog(Callback):
+    """Appends a few of the step's samples to `samples.jsonl` every `every` steps (0: never).
+
+    Each line: the step, the prompt, the completion's text, its reward and each reward
+    function's score (null where it could not judge).
+    """
+
+    def __init__(self, path: Path, every: int):
+        self.path, self.every = path, every
+
+    def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+        step = row["step"]
+        if not self.every or step % self.every:
+            return
+        sampled, prompter = trainer.last_rollout, trainer.prompter
+        group = sampled.batch.group
+        lines = []
+        for index in range(0, min(len(sampled.rewards), group * SAMPLES_PER_STEP), group):
+            ids = sampled.tokens[index][sampled.completion_mask[index]]
+            text, _ = prompter.completion_text(ids.tolist())
+            parts = {
+                name: None if math.isnan(values[index]) else float(values[index])
+                for name, values in sampled.reward_parts.items()
+            }
+            sample = {
+                "step": step,
+                "prompt": sampled.examples[index]["prompt"],
+                "completion": text,
+                "reward": float(sampled.rewards[index]),
+                "rewards": parts,
+            }
+            lines.append(json.dumps(sample, ensure_ascii=False) + "\n")
+        with self.path.open("a", encoding="utf-8") as out:
+            out.writelines(lines)

@@ -8,6 +8,7 @@ function compiled, so a bad option costs nothing but its one-line message.
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -23,18 +24,25 @@ from dew.options import (
     check_options,
     option,
 )
-from dew.tasks import Task, get_task
+from dew.rewards import parse_reward
+from dew.rollout.prompter import Prompter
+from dew.tasks import Dataset, Task, get_task, load_examples
 from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
+    "CHECKPOINT_DEFAULTS",
     "ConfigError",
+    "EvalOptions",
     "MeshOptions",
     "OptimizerOptions",
+    "PromptOptions",
     "RolloutOptions",
     "RunOptions",
     "TrainConfig",
     "UpdateOptions",
+    "make_prompter",
     "resolve",
+    "resolve_task",
     "validate",
 ]
 
@@ -75,6 +83,39 @@ class RolloutOptions:
     temperature: float = option(1.0, POSITIVE)
     top_p: float = option(1.0, Range(0, 1, low_open=True))
     kv_cache: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptOptions:
+    """How the task's examples reach the model.
+
+    Attributes:
+      system_prompt: a system message before each prompt (models with a chat template).
+      max_prompt_tokens: the widest prompt; longer ones are dropped and drawn again (default:
+        the task's longest).
+      max_new_tokens: the most completion tokens sampled (default: the task's).
+    """
+
+    system_prompt: str | None = None
+    max_prompt_tokens: int | None = option(None, AT_LEAST_ONE)
+    max_new_tokens: int | None = option(None, AT_LEAST_ONE)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """Evaluation on the task's held-out examples, and samples written to the run folder.
+
+    Attributes:
+      eval_every: evaluate every N steps and at the last step (0: only the final greedy check).
+      eval_prompts: held-out prompts per evaluation.
+      eval_k: completions per held-out prompt, for pass@k and maj@k.
+      samples_every: write a few of the step's samples to samples.jsonl every N steps (0: never).
+    """
+
+    eval_every: int = option(0, NON_NEGATIVE)
+    eval_prompts: int = option(64, AT_LEAST_ONE)
+    eval_k: int = option(4, AT_LEAST_ONE)
+    samples_every: int = option(50, NON_NEGATIVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +163,12 @@ class MeshOptions:
 
 SECTIONS = {
     "run": RunOptions,
+    "prompting": PromptOptions,
     "rollout": RolloutOptions,
     "optimizer": OptimizerOptions,
     "update": UpdateOptions,
     "mesh": MeshOptions,
+    "evaluation": EvalOptions,
 }
 
 
@@ -140,13 +183,18 @@ class TrainConfig:
       objective: the objective, by entry-point name.
       task: the task, by name.
       model: a built-in model (tiny, default, small), smollm2, a checkpoint folder or a .gguf file.
+      data: a .jsonl or .parquet file of examples to train on, in place of --task.
+      rewards: the reward functions (`NAME[=WEIGHT]`), in place of the task's.
       run: steps, seed, run folder, resume, checkpoints.
+      prompting: system prompt and token budgets.
       rollout: prompts, group and sampling.
       optimizer: AdamW's settings.
       update: optimizer steps and micro-batches per rollout.
       mesh: devices and parameter layout.
+      evaluation: held-out evaluation and samples.
       objective_options: the objective's hyperparameters (its dataclass fields).
       task_options: the task's constructor arguments (`min_len`, `max_len` for the digit tasks).
+      reward_options: the reward functions' keyword options, as `{"NAME.KEY": value}`.
 
     Examples:
       >>> config = TrainConfig().replace(steps=20, lr=3e-3, objective="sft")
@@ -161,13 +209,18 @@ class TrainConfig:
     objective: str = "grpo"
     task: str = "reverse"
     model: str = "default"
+    data: str | None = None
+    rewards: tuple[str, ...] = ()
     run: RunOptions = RunOptions()
+    prompting: PromptOptions = PromptOptions()
     rollout: RolloutOptions = RolloutOptions()
     optimizer: OptimizerOptions = OptimizerOptions()
     update: UpdateOptions = UpdateOptions()
     mesh: MeshOptions = MeshOptions()
+    evaluation: EvalOptions = EvalOptions()
     objective_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    reward_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def replace(self, **options) -> "TrainConfig":
         """A copy with `options` set, each named as its flag is (`steps`, not `run.steps`)."""
@@ -220,7 +273,22 @@ class TrainConfig:
                 flat.update(value)
             elif name in known:
                 flat[name] = value
+        flat["rewards"] = tuple(flat.get("rewards", ()))
         return cls().replace(**flat)
+
+
+CHECKPOINT_DEFAULTS: dict[str, Any] = {
+    "steps": 30,
+    "checkpoint_every": 10,
+    "prompts": 4,
+    "group": 4,
+    "lr": 2e-6,
+    "updates_per_rollout": 1,
+    "samples_every": 5,
+}
+"""The defaults `dew train` takes instead when `--model` is a checkpoint (not a built-in size):
+a pretrained model wants a learning rate a thousand times smaller than a fresh one, and a step
+on a 135M-parameter model on a 2-core CPU wants a small batch. Flags given override them."""
 
 
 def option_section(name: str) -> str | None:
@@ -236,30 +304,95 @@ def option_section(name: str) -> str | None:
     return None
 
 
-def resolve(
-    config: TrainConfig, objective=None, task=None, tokenizer: Tokenizer = DIGITS
-) -> tuple[Objective, Task]:
-    """The objective and task a run uses: the instances given, else loaded by name.
+def resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
+    """The task a run uses: `task` when given, else `--data`'s examples, else `--task` by name.
 
-    The task is built on `tokenizer`, the model's.
+    `--data FILE` makes the task a `Dataset` of the file's examples, named by the file's stem.
+
+    Examples:
+      >>> resolve_task(TrainConfig(task="sort")).name
+      'sort'
+      >>> resolve_task(TrainConfig(task="nope"))  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: unknown task 'nope'; available: ...
+    """
+    if task is not None:
+        return task
+    try:
+        if config.data is not None:
+            examples = load_examples(config.data)
+            return Dataset(examples, name=Path(config.data).stem, **config.task_options)
+        return get_task(config.task, **config.task_options)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error)) from error
+
+
+def resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, Task]:
+    """The objective and task a run uses: the instances given, else loaded by name.
 
     Examples:
       >>> objective, task = resolve(TrainConfig(objective="sft", task="sort"))
       >>> objective, task.name
       (SFT(), 'sort')
-      >>> resolve(TrainConfig(objective="sft", task="nope"))  # doctest: +ELLIPSIS
+    """
+    if objective is None:
+        try:
+            objective = load_objective(config.objective, config.objective_options)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(str(error)) from error
+    return objective, resolve_task(config, task)
+
+
+def reward_options(config: TrainConfig) -> dict[str, dict[str, Any]]:
+    """`--reward-option NAME.KEY=VALUE`s grouped by reward name.
+
+    Examples:
+      >>> reward_options(TrainConfig(reward_options={"format.pattern": "ok"}))
+      {'format': {'pattern': 'ok'}}
+    """
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in config.reward_options.items():
+        name, sep, option_name = key.rpartition(".")
+        if not sep or not name:
+            raise ConfigError(f"--reward-option {key}: expected NAME.KEY=VALUE")
+        grouped.setdefault(name, {})[option_name] = value
+    return grouped
+
+
+def make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGITS) -> Prompter:
+    """The `Prompter` of `task` on `tokenizer` with the run's prompt options and `--reward`s.
+
+    Examples:
+      >>> from dew.tasks import get_task
+      >>> make_prompter(TrainConfig().replace(max_new_tokens=9), get_task("reverse")).max_new_tokens
+      9
+      >>> make_prompter(TrainConfig(rewards=("nope",)), get_task("reverse"))  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
-      dew.options.ConfigError: unknown task 'nope'; available: ...
+      dew.options.ConfigError: --reward 'nope': unknown reward; available: ...
     """
+    options = reward_options(config)
     try:
-        if objective is None:
-            objective = load_objective(config.objective, config.objective_options)
-        if task is None:
-            task = get_task(config.task, tokenizer=tokenizer, **config.task_options)
-    except (ValueError, TypeError) as error:
+        rewards = None
+        if config.rewards:
+            rewards = tuple(
+                parse_reward(spec, options.pop(spec.partition("=")[0], {}))
+                for spec in config.rewards
+            )
+        if options:
+            raise ConfigError(f"--reward-option {next(iter(options))}: no --reward of that name")
+        prompting = config.prompting
+        return Prompter(
+            task,
+            tokenizer,
+            system_prompt=prompting.system_prompt,
+            max_prompt_tokens=prompting.max_prompt_tokens,
+            max_new_tokens=prompting.max_new_tokens,
+            rewards=rewards,
+        )
+    except ValueError as error:
         raise ConfigError(str(error)) from error
-    return objective, task
 
 
 def validate(config: TrainConfig, objective: Objective, device_count: int | None = None) -> None:

@@ -27,7 +27,14 @@ __all__ = [
 ]
 
 LOCK = ".lock"
-MAY_CHANGE_ON_RESUME = ("steps", "checkpoint_every")
+MAY_CHANGE_ON_RESUME = (
+    "steps",
+    "checkpoint_every",
+    "eval_every",
+    "eval_prompts",
+    "eval_k",
+    "samples_every",
+)
 """The options a resumed run may change; every other one defines the run."""
 _NOT_OPTIONS = ("out", "resume")
 
@@ -160,7 +167,7 @@ def _difference(name: str, was, now) -> tuple[str, Any, Any]:
     if not name.endswith("_options"):
         return _flag(name), was, now
     key = min(key for key in {*was, *now} if was.get(key) != now.get(key))
-    what = _flag(key) if name == "objective_options" else f"--task-option {key}"
+    what = _flag(key) if name == "objective_options" else f"--{name[:-1].replace('_', '-')} {key}"
     return what, was.get(key), now.get(key)
 
 

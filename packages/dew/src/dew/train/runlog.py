@@ -169,9 +169,15 @@ class Display:
             self.progress.start()
 
     def update(self, row: dict[str, Any]) -> None:
-        """Show the metrics of the step just finished."""
+        """Show the metrics of the step just finished, and its evaluation when it has one."""
         if self.quiet:
             return
+        evaluated = {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith("eval/")}
+        if evaluated:
+            shown = "  ".join(
+                f"{name} {value:.3f}" for name, value in evaluated.items() if name != "prompts"
+            )
+            self.console.print(f"step {row['step']} held-out  {shown}", highlight=False)
         if self.progress is not None:
             self.progress.update(
                 self.task,

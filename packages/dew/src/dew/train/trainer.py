@@ -3,9 +3,10 @@
 Per step `s` (1-based): prompts come from `numpy.random.default_rng([seed, s])` and the sampling key
 is `fold_in(key(seed), s)`, so a resumed run replays the steps it skipped exactly. A step is
 `rollout` (sample and score the prompts), `batch` (the objective's batch source builds what it
-trains on), `update` (one compiled function) and `record` (the metrics row, handed to the
-callbacks). A non-finite loss stops the run before its state can be saved, and a reward function
-that raises stops it with the task and sample named: both leave the last checkpoint as it was.
+trains on), `update` (one compiled function), `evaluate` (every `--eval-every` steps) and `record`
+(the metrics row, handed to the callbacks). A non-finite loss stops the run before its state can
+be saved, and a reward function that raises stops it with the function and sample named: both
+leave the last checkpoint as it was.
 """
 
 import dataclasses
@@ -21,15 +22,22 @@ from flax import nnx
 from rich.console import Console
 
 from dew.batch import Batch
+from dew.evaluation import evaluate as evaluate_policy
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
-from dew.rollout import Rollout, StepRollout, rollout
+from dew.rollout import Prompter, Prompts, Rollout, StepRollout, rollout
 from dew.tasks import Task
-from dew.tokenizers import Tokenizer
-from dew.train.callbacks import Callback, Checkpointing, MetricsLog, Progress, RewardPlot
+from dew.train.callbacks import (
+    Callback,
+    Checkpointing,
+    MetricsLog,
+    Progress,
+    RewardPlot,
+    SampleLog,
+)
 from dew.train.checkpoint import Checkpoints
-from dew.train.config import ConfigError, TrainConfig, resolve, validate
+from dew.train.config import ConfigError, TrainConfig, make_prompter, resolve, validate
 from dew.train.folder import RunLock, check_folder, resume_changes, run_record
 from dew.train.runlog import default_run_dir, read_config, write_config
 from dew.train.update import UpdateSpec, compiled_update, optimizer
@@ -39,13 +47,14 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "TrainingError",
-    "evaluate",
+    "greedy_reward",
     "step_prompts",
     "train",
 ]
 
-EVAL_STREAM = 0x5EED
-"""The prompt stream of the final greedy evaluation, apart from every step's."""
+
+EVAL_STREAM = 0xE7A1 << 12
+"""Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
 
 
 class TrainingError(RuntimeError):
@@ -61,23 +70,24 @@ class TrainResult:
     params: Any
     graphdef: nnx.GraphDef
     task: Task
+    prompter: Prompter
     final_reward: float
     greedy_reward: float
 
 
-def step_prompts(task: Task, seed: int, step: int, n: int) -> list[list[int]]:
+def step_prompts(prompter: Prompter, seed: int, step: int, n: int) -> Prompts:
     """The prompts of step `step`, from `default_rng([seed, step])`.
 
     Examples:
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
-      >>> task = get_task("reverse")
-      >>> [DIGITS.decode(prompt) for prompt in step_prompts(task, 0, 1, 2)]
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> [example["prompt"] for example in step_prompts(prompter, 0, 1, 2).examples]
       ['^589>', '^538>']
-      >>> step_prompts(task, 0, 1, 2) == step_prompts(task, 0, 1, 2)
+      >>> step_prompts(prompter, 0, 1, 2) == step_prompts(prompter, 0, 1, 2)
       True
     """
-    return task.prompts(np.random.default_rng([seed, step]), n)
+    return prompter.draw(np.random.default_rng([seed, step]), n)
 
 
 class Trainer:
@@ -112,8 +122,8 @@ class Trainer:
             source: ModelSource = resolve_model(config.model)
         except ValueError as error:
             raise ConfigError(str(error)) from error
-        tokenizer: Tokenizer = source.tokenizer()
-        self.objective, self.task = resolve(config, objective, task, tokenizer)
+        self.objective, self.task = resolve(config, objective, task)
+        self.prompter = make_prompter(config, self.task, source.tokenizer())
         validate(config, self.objective)
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else default_run_dir()
@@ -133,6 +143,7 @@ class Trainer:
             Progress(config.run.steps, self.step, console, quiet),
             Checkpointing(config.run.checkpoint_every),
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
+            SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
             *callbacks,
         ]
         self.saved: int | None = self.step if resumed else None
@@ -232,7 +243,7 @@ class Trainer:
         return rollout(
             self.graphdef,
             self.params,
-            self.task,
+            self.prompter,
             prompts,
             group,
             key,
@@ -245,14 +256,15 @@ class Trainer:
     def rollout_phase(self, step: int) -> StepRollout:
         """Sample and score the step's prompts."""
         config = self.config
-        prompts = step_prompts(self.task, config.run.seed, step, config.rollout.prompts)
+        prompts = step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
         key = jax.random.fold_in(jax.random.key(config.run.seed), step)
         group = self.objective.source.sampled_group(config.rollout.group)
         sampled = self.sample(prompts, group, key)
+        self.last_rollout = sampled
         return StepRollout(
             sampled,
             prompts,
-            self.task,
+            self.prompter,
             step,
             config.run.seed,
             config.rollout.group,
@@ -268,8 +280,27 @@ class Trainer:
         )
         return {k: v.item() for k, v in to_host(metrics).items()}
 
+    def evaluate_phase(self, step: int) -> dict[str, float]:
+        """The held-out evaluation every `--eval-every` steps and at the last; else nothing."""
+        every = self.config.evaluation.eval_every
+        if not every or (step % every and step != self.config.run.steps):
+            return {}
+        options = self.config.evaluation
+        began = time.perf_counter()
+        metrics = evaluate_policy(
+            self.graphdef,
+            self.params,
+            self.prompter,
+            prompts=options.eval_prompts,
+            k=options.eval_k,
+            temperature=self.config.rollout.temperature,
+            key=jax.random.fold_in(jax.random.key(self.config.run.seed), EVAL_STREAM + step),
+            kv_cache=self.config.rollout.kv_cache,
+        )
+        return {**metrics, "eval_s": time.perf_counter() - began}
+
     def train_step(self, step: int) -> dict[str, Any]:
-        """Rollout, batch, update: the metrics row of step `step`."""
+        """Rollout, batch, update, evaluation: the metrics row of step `step`."""
         began = time.perf_counter()
         try:
             rolled = self.rollout_phase(step)
@@ -287,11 +318,13 @@ class Trainer:
             ) from error
         finished = time.perf_counter()
         self.step = step
+        evaluated = self.evaluate_phase(step)
         return {
             "step": step,
-            **_rollout_metrics(rolled.sampled),
+            **_rollout_metrics(rolled),
             **metrics,
             **source_metrics,
+            **evaluated,
             "time": finished - self.started,
             "rollout_s": rollout_s,
             "update_s": finished - began - rollout_s,
@@ -330,13 +363,21 @@ def _out_of_memory(error: Exception) -> bool:
     return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error)
 
 
-def _rollout_metrics(sampled: Rollout) -> dict[str, float]:
+def _rollout_metrics(rolled: StepRollout) -> dict[str, float]:
+    sampled: Rollout = rolled.sampled
+    parts = {
+        f"reward/{name}": float(np.nanmean(values))
+        for name, values in sampled.reward_parts.items()
+        if not np.isnan(values).all()
+    }
     return {
         "reward": float(sampled.rewards.mean()),
+        **parts,
         "reward_std": float(sampled.rewards.std()),
         "completion_tokens": float(sampled.completion_mask.sum(1).mean()),
         "sampled_nll": float(-sampled.behavior_log_probs[sampled.completion_mask].mean()),
         "sampler_tokens_per_s": float(sampled.completion_mask.sum()) / sampled.sample_s,
+        "prompts_dropped": float(rolled.prompts.dropped),
     }
 
 
@@ -393,39 +434,50 @@ def train(
         quiet=quiet,
     )
     history = trainer.run()
-    greedy = evaluate(trainer.graphdef, trainer.params, trainer.task, config, trainer.rows)
+    greedy = greedy_reward(trainer.graphdef, trainer.params, trainer.prompter, config)
     final = history[-1]["reward"] if history else float("nan")
     return TrainResult(
-        trainer.run_dir, history, trainer.params, trainer.graphdef, trainer.task, final, greedy
+        trainer.run_dir,
+        history,
+        trainer.params,
+        trainer.graphdef,
+        trainer.task,
+        trainer.prompter,
+        final,
+        greedy,
     )
 
 
-def evaluate(
-    graphdef, params, task: Task, config: TrainConfig, sharding=None, n: int | None = None
+def greedy_reward(
+    graphdef, params, prompter: Prompter, config: TrainConfig, n: int | None = None
 ) -> float:
-    """The mean reward of greedy completions of fresh prompts (a stream no step uses).
+    """The mean reward of greedy completions of the task's held-out prompts (NaN without any).
+
+    `n` prompts, by default `--prompts` times `--group`.
 
     Examples:
       >>> from dew.models.llama import build
       >>> from dew.models.registry import SIZES
       >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
-      >>> reward = evaluate(graphdef, params, get_task("reverse"), TrainConfig(), n=4)
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> reward = greedy_reward(graphdef, params, prompter, TrainConfig(), n=4)
       >>> 0.0 <= reward <= 1.0  # the untrained policy's greedy answers score next to nothing
       True
     """
     options = config.rollout
     n = n or options.prompts * max(options.group, 1)
-    prompts = task.prompts(np.random.default_rng([config.run.seed, EVAL_STREAM]), n)
-    sampled = rollout(
+    if not prompter.task.heldout(n):
+        return float("nan")
+    metrics = evaluate_policy(
         graphdef,
         params,
-        task,
-        prompts,
-        1,
-        jax.random.key(0),
+        prompter,
+        prompts=n,
+        k=1,
         temperature=0.0,
+        key=jax.random.key(0),
         kv_cache=options.kv_cache,
-        sharding=sharding,
     )
-    return float(sampled.rewards.mean())
+    return metrics["eval/reward"]

@@ -117,9 +117,12 @@ def rollout_fields(graphdef, params, ref_params, batch: Batch, objective: Object
       >>> from dew.models.registry import SIZES
       >>> from dew.objectives.sft import SFT
       >>> from dew.rollout.sources import demonstrations
+      >>> from dew.rollout import Prompter
       >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
       >>> task = get_task("reverse")
-      >>> batch = demonstrations(task, task.prompts(np.random.default_rng(0), 2))
+      >>> examples = task.examples(np.random.default_rng(0), 2)
+      >>> batch = demonstrations(Prompter(task, DIGITS), examples)
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> fill = jax.jit(rollout_fields, static_argnums=(0, 4))  # as inside `make_update`
       >>> filled = fill(graphdef, params, None, batch, SFT())
@@ -226,9 +229,12 @@ def make_update(spec: UpdateSpec):
       >>> from dew.models.registry import SIZES
       >>> from dew.objectives.sft import SFT
       >>> from dew.rollout.sources import demonstrations
+      >>> from dew.rollout import Prompter
       >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
       >>> task = get_task("reverse")
-      >>> batch = demonstrations(task, task.prompts(np.random.default_rng(0), 2))
+      >>> examples = task.examples(np.random.default_rng(0), 2)
+      >>> batch = demonstrations(Prompter(task, DIGITS), examples)
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> params = nnx.to_pure_dict(params)
       >>> options = OptimizerOptions(lr=1e-2)

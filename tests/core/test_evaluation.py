@@ -1,0 +1,91 @@
+"""Evaluation: pass@k against its closed form, maj@k, the held-out metrics of a policy."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dew.evaluation import evaluate, majority_correct, pass_at_k
+from dew.models.llama import build
+from dew.models.registry import SIZES
+from dew.rewards import Reward
+from dew.rollout import Prompter
+from dew.tasks import Reverse
+from dew.tokenizers import DIGITS
+
+
+@given(st.data())
+def test_pass_at_k_is_the_closed_form(data):
+    n = data.draw(st.integers(1, 60))
+    c = data.draw(st.integers(0, n))
+    k = data.draw(st.integers(1, n))
+    closed = 1 - math.comb(n - c, k) / math.comb(n, k)
+    assert pass_at_k(n, c, k) == pytest.approx(closed, abs=1e-12)
+
+
+def test_pass_at_k_stays_exact_where_the_binomials_overflow_floats():
+    n, c, k = 4000, 3, 300
+    closed = 1 - math.comb(n - c, k) / math.comb(n, k)  # exact integers, then one division
+    with pytest.raises(OverflowError):
+        float(math.comb(n, k))
+    assert pass_at_k(n, c, k) == pytest.approx(closed, rel=1e-12)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(5, 6, 1), (5, -1, 1), (5, 2, 0), (5, 2, 6)])
+def test_pass_at_k_checks_its_arguments(n, c, k):
+    with pytest.raises(ValueError, match="pass_at_k: need"):
+        pass_at_k(n, c, k)
+
+
+def test_majority_ignores_samples_without_an_answer():
+    assert majority_correct([None, None, "3"], [False, False, True])
+    assert not majority_correct([None, None], [False, False])
+    assert majority_correct(["2", "3", "3", "2"], [True, False, False, True])  # tie: first
+
+
+def fixed_policy_run(reward_function, k, temperature=1.0):
+    graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+    task = Reverse(1, 1)
+    prompter = Prompter(task, DIGITS, rewards=(Reward("judge", reward_function),))
+    return evaluate(
+        graphdef, params, prompter, prompts=6, k=k, temperature=temperature, key=jax.random.key(0)
+    )
+
+
+def test_evaluation_counts_correct_completions_by_the_first_reward():
+    seen = []
+
+    def judge(prompts, completions, **columns):
+        seen.append(completions)
+        # every other completion of each prompt is correct
+        return [float(i % 2 == 0) for i in range(len(completions))]
+
+    metrics = fixed_policy_run(judge, k=4)
+    assert len(seen[0]) == 24  # 6 prompts, 4 completions each
+    assert metrics["eval/prompts"] == 6
+    assert metrics["eval/reward"] == pytest.approx(0.5)
+    assert metrics["eval/pass@1"] == pytest.approx(0.5)
+    assert metrics["eval/pass@4"] == pytest.approx(1.0)
+    assert 0.0 < metrics["eval/completion_tokens"] <= 2
+
+
+def test_nothing_correct_scores_zero_everywhere():
+    metrics = fixed_policy_run(lambda p, c, **k: [0.25] * len(c), k=3)
+    assert metrics["eval/pass@1"] == metrics["eval/pass@3"] == metrics["eval/maj@3"] == 0.0
+    assert metrics["eval/reward"] == pytest.approx(0.25)
+
+
+def test_greedy_evaluation_repeats_one_completion():
+    answers = []
+
+    def judge(prompts, completions, **columns):
+        answers.append(np.array(completions).reshape(-1, 3))
+        return [1.0] * len(completions)
+
+    metrics = fixed_policy_run(judge, k=3, temperature=0.0)
+    assert all(len(set(row)) == 1 for row in answers[0])
+    assert metrics["eval/maj@3"] == 1.0
