@@ -3,12 +3,12 @@ after, seconds per step split into sampling and update, and the reward curve.
 
 Run by hand from the repository root (about half an hour on a 2-core CPU at the defaults):
 
-    uv run python benchmarks/smollm2_arithmetic.py [--steps 30] [--eval-prompts 48] [--k 4]
+    uv run python benchmarks/smollm2_arithmetic.py [--steps 20] [--prompts 2] [--group 4]
 
 It trains `dew train --model smollm2 --task arithmetic --objective grpo` with the defaults a
-checkpoint gets (`dew.train.config.CHECKPOINT_DEFAULTS`) and evaluates the policy on the same
-held-out problems with the same sampling key before and after. Prints a table and writes
-`benchmarks/results/smollm2_arithmetic.json`.
+checkpoint gets (`dew.train.config.CHECKPOINT_DEFAULTS`) but for the flags given, and evaluates
+the policy on the same held-out problems with the same sampling key before and after. Prints a
+table and writes `benchmarks/results/smollm2_arithmetic.json`.
 """
 
 import argparse
@@ -46,11 +46,21 @@ def held_out(trainer: Trainer, prompts: int, k: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=CHECKPOINT_DEFAULTS["steps"])
-    parser.add_argument("--eval-prompts", type=int, default=48)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--eval-prompts", type=int, default=16)
     parser.add_argument("--k", type=int, default=4)
     args = parser.parse_args()
-    options = {**CHECKPOINT_DEFAULTS, "steps": args.steps, "checkpoint_every": args.steps}
+    options = {
+        **CHECKPOINT_DEFAULTS,
+        "steps": args.steps,
+        "checkpoint_every": args.steps,
+        "prompts": args.prompts,
+        "group": args.group,
+        "max_new_tokens": args.max_new_tokens,
+    }
     with tempfile.TemporaryDirectory() as out:
         config = TrainConfig(model="smollm2", task="arithmetic", objective="grpo").replace(
             out=out + "/run", **options
@@ -65,6 +75,7 @@ def main() -> None:
     result = {
         "machine": {"platform": platform.platform(), "devices": [str(d) for d in jax.devices()]},
         "options": options,
+        "k": args.k,
         "config": {
             "prompts_per_step": options["prompts"],
             "group": options["group"],

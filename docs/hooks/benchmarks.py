@@ -1,7 +1,8 @@
 """mkdocs hook: the benchmarks page's tables are rendered from `benchmarks/results/*.json`.
 
 A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
-`<!-- bench: gae_tunix -->` or `<!-- bench: train -->`; the hook replaces each with a table of the
+`<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->` or
+`<!-- bench: smollm2_arithmetic -->`; the hook replaces each with a table of the
 numbers the scripts last wrote, so the page shows what was measured, not what someone typed. The
 prose around the tables quotes the same files.
 """
@@ -109,6 +110,25 @@ def train_table() -> str:
     return markdown_table(["", *names], rows)
 
 
+def smollm2_arithmetic_table() -> str:
+    """Held-out evaluation before and after the SmolLM2 GRPO run, and its step times."""
+    results = load("smollm2_arithmetic")
+    k = results["k"]
+    rows = [
+        [
+            name,
+            f"{run['eval/pass@1']:.3f}",
+            f"{run[f'eval/pass@{k}']:.3f}",
+            f"{run[f'eval/maj@{k}']:.3f}",
+            f"{run['eval/reward']:.3f}",
+            f"{run['eval/completion_tokens']:.1f}",
+        ]
+        for name, run in (("before training", results["before"]), ("after", results["after"]))
+    ]
+    header = ["policy", "pass@1", f"pass@{k}", f"maj@{k}", "mean reward", "completion tokens"]
+    return markdown_table(header, rows)
+
+
 def models_table() -> str:
     """SmolLM2's prefill and decode tokens/s at each batch, beside the machine's roofline."""
     results = load("models")
@@ -166,6 +186,8 @@ def expand(match: re.Match) -> str:
         return gae_tunix_table()
     if table == "train":
         return train_table()
+    if table == "smollm2_arithmetic":
+        return smollm2_arithmetic_table()
     if table == "models":
         return models_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")

@@ -359,6 +359,13 @@ def score_texts(
     as TRL sums its reward functions. `RewardError` naming the function, and the prompt and
     completion where one value is at fault, when a function raises or returns anything but one
     finite number or None per completion.
+
+    Examples:
+      >>> def shorter(prompts, completions, **columns):
+      ...     return [-len(c) / 10 if c else None for c in completions]
+      >>> total, parts = score_texts([Reward("shorter", shorter, 2.0)], ["q", "q"], ["abc", ""], {})
+      >>> total.tolist(), parts["shorter"].tolist()
+      ([-0.6000000238418579, 0.0], [-0.30000001192092896, nan])
     """
     total = np.zeros(len(completions))
     parts = {}

@@ -282,7 +282,7 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {
     "checkpoint_every": 10,
     "prompts": 4,
     "group": 4,
-    "lr": 2e-6,
+    "lr": 5e-6,
     "updates_per_rollout": 1,
     "samples_every": 5,
 }
