@@ -22,6 +22,7 @@ from rich.console import Console
 
 from dew.batch import Batch
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
+from dew.models.lora import TRAINABLE, adapters_off, add_lora
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
 from dew.rollout import Rollout, StepRollout, rollout
@@ -165,36 +166,59 @@ class Trainer:
         write_config(self.run_dir, entry)
 
     def _place(self, policy) -> None:
-        """Split the policy and lay it out, with the optimizer and reference, on the mesh."""
+        """Split the policy and lay it out, with the optimizer and reference, on the mesh.
+
+        `params` are what the optimizer trains: every parameter, or with `--lora-rank` the
+        adapters (and a value head); `frozen` holds the rest, the base weights, read but never
+        copied. A LoRA run's reference is its own base with the adapters at zero.
+        """
         config = self.config
         self.mesh = make_mesh(config.mesh.devices)
         self.rows = batch_sharding(self.mesh)
-        self.graphdef, params = nnx.split(policy)
-        params = nnx.to_pure_dict(params)
-        self.params = jax.device_put(params, param_shardings(params, self.mesh, config.mesh.fsdp))
+        lora = config.lora
+        self.lora = lora.lora_rank > 0
+        if self.lora:
+            policy = add_lora(
+                policy, lora.lora_rank, lora.lora_alpha, lora.modules, config.run.seed
+            )
+        trained = TRAINABLE if self.lora else nnx.Param
+        self.graphdef, params, frozen = nnx.split(policy, trained, ...)
+        fsdp = config.mesh.fsdp
+        params, frozen = nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
+        self.params = jax.device_put(params, param_shardings(params, self.mesh, fsdp))
+        self.frozen = jax.device_put(frozen, param_shardings(frozen, self.mesh, fsdp))
         opt_state = optimizer(config.optimizer).init(self.params)
-        self.opt_state = jax.device_put(
-            opt_state, param_shardings(opt_state, self.mesh, config.mesh.fsdp)
-        )
-        self.ref_params = (
-            jax.tree.map(lambda x: x.copy(), self.params)
-            if self.objective.needs_reference
-            else None
-        )
+        self.opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh, fsdp))
+        self.ref_params = None
+        if self.objective.needs_reference:
+            self.ref_params = (
+                adapters_off(self.params)
+                if self.lora
+                else jax.tree.map(lambda x: x.copy(), self.params)
+            )
         spec = UpdateSpec(
             self.graphdef,
             self.objective,
             config.optimizer,
             config.update,
             self.mesh,
-            config.mesh.fsdp,
+            fsdp,
+            config.memory,
         )
         self.update_fn = compiled_update(spec)
 
+    def policy_params(self):
+        """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
+        return nnx.to_pure_dict(nnx.merge_state(self.params, self.frozen))
+
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: the parameters, the optimizer and the frozen reference."""
+        """What a checkpoint holds: the trained parameters, the optimizer, a copied reference.
+
+        A LoRA run's checkpoint holds its adapters (and their optimizer state) alone: its base
+        and reference are rebuilt from `--model` and `--seed`.
+        """
         held = {"params": self.params, "opt_state": self.opt_state}
-        if self.ref_params is not None:
+        if self.ref_params is not None and not self.lora:
             held["ref_params"] = self.ref_params
         return held
 
@@ -203,7 +227,7 @@ class Trainer:
         if step is None:
             raise ConfigError(f"--resume: {self.run_dir} has no intact checkpoint")
         self.params, self.opt_state = restored["params"], restored["opt_state"]
-        self.ref_params = restored.get("ref_params")
+        self.ref_params = restored.get("ref_params", self.ref_params)
         self.step = step
 
     def save(self) -> None:
@@ -231,7 +255,7 @@ class Trainer:
         options = self.config.rollout
         return rollout(
             self.graphdef,
-            self.params,
+            self.policy_params(),
             self.task,
             prompts,
             group,
@@ -264,7 +288,7 @@ class Trainer:
     def update_phase(self, batch: Batch) -> dict[str, float]:
         """The compiled update on `batch`; its metrics on the host."""
         self.params, self.opt_state, metrics = self.update_fn(
-            self.params, self.opt_state, self.ref_params, batch
+            self.params, self.opt_state, self.frozen, self.ref_params, batch
         )
         return {k: v.item() for k, v in to_host(metrics).items()}
 
@@ -393,10 +417,11 @@ def train(
         quiet=quiet,
     )
     history = trainer.run()
-    greedy = evaluate(trainer.graphdef, trainer.params, trainer.task, config, trainer.rows)
+    params = trainer.policy_params()
+    greedy = evaluate(trainer.graphdef, params, trainer.task, config, trainer.rows)
     final = history[-1]["reward"] if history else float("nan")
     return TrainResult(
-        trainer.run_dir, history, trainer.params, trainer.graphdef, trainer.task, final, greedy
+        trainer.run_dir, history, params, trainer.graphdef, trainer.task, final, greedy
     )
 
 
