@@ -1,5 +1,7 @@
 """The `dew` command: `dew train` teaches a policy a task, `dew sample` shows what it learned.
 
+`dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message.
+
 `dew train --objective NAME --help` lists the objective's own hyperparameters: every field of the
 objective's dataclass becomes a `--field-name` flag. Invalid options stop the command with a
 one-line message before anything is compiled.
@@ -373,6 +375,36 @@ def command_sample(argv: list[str]) -> int:
     return 0
 
 
+def command_export(argv: list[str]) -> int:
+    """Run `dew export`: write a run's policy as a Hugging Face folder; the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="dew export",
+        description="Write a run's policy (LoRA adapters merged) as a Hugging Face model folder "
+        "that transformers and `--model FOLDER` load.",
+        exit_on_error=False,
+    )
+    parser.add_argument("--run", required=True, help="a run folder")
+    parser.add_argument("--out", required=True, help="the folder to write (new or empty)")
+    parser.add_argument("--step", type=int, help="the checkpoint (default: the newest)")
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as error:
+        raise CommandError(str(error)) from error
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CommandError(f"--out {out} already holds files; choose a new or empty folder")
+    from dew.inference import export_run
+
+    try:
+        run = export_run(args.run, out, args.step)
+    except (FileNotFoundError, ValueError) as error:
+        raise CommandError(f"--run {args.run}: {error}") from error
+    lora = run.config.get("lora", {}).get("lora_rank", 0)
+    merged = f", LoRA rank {lora} merged" if lora else ""
+    print(f"wrote {out}: {args.run} at step {run.step}{merged}")
+    return 0
+
+
 def command_chat(argv: list[str]) -> int:
     """Run `dew chat`: print a chat model's answer to one message; the exit status.
 
@@ -454,7 +486,18 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     commands.add_parser("chat", help="answer one message with a chat model", add_help=False)
+    commands.add_parser(
+        "export", help="write a run's policy as a Hugging Face model folder", add_help=False
+    )
     return parser
+
+
+COMMANDS = {
+    "train": command_train,
+    "sample": command_sample,
+    "chat": command_chat,
+    "export": command_export,
+}
 
 
 def _terminate(signum, frame):
@@ -491,16 +534,16 @@ def main(argv: list[str] | None = None) -> int:
       >>> shutil.rmtree(out)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "sample", "chat"):
+    if not argv or argv[0] not in COMMANDS:
         parser = build_parser()
         if not argv or argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
         parser.print_usage(sys.stderr)
-        known = "use train, sample or chat"
+        known = "use train, sample, chat or export"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
-    command = {"train": command_train, "sample": command_sample, "chat": command_chat}[argv[0]]
+    command = COMMANDS[argv[0]]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

@@ -3,7 +3,7 @@
 - `load_policy(path)`: a `Policy` from a Hugging Face model folder (`config.json` with
   `model.safetensors`, or shards listed by `model.safetensors.index.json`) or a `.gguf` file.
 - `save_policy(policy, path)`: the folder `transformers.AutoModelForCausalLM.from_pretrained`
-  reads back to the same logits.
+  reads back to the same logits, LoRA adapters merged.
 - `load_tokenizer(path)`: the tokenizer beside the weights (`tokenizer.json` and
   `tokenizer_config.json`) or in the GGUF file's metadata.
 
@@ -31,6 +31,7 @@ from safetensors.flax import save_file
 from dew import _gguf
 from dew._hf_format import CheckpointError, checkpoint_key, config_from_hf, config_to_hf
 from dew.models.llama import ModelConfig, Policy, abstract, value_head
+from dew.models.lora import merge_lora
 from dew.tokenizers import HFTokenizer
 
 __all__ = [
@@ -176,6 +177,9 @@ def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> 
 def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
     """Write `policy` as a Hugging Face model folder at `path` (created if missing).
 
+    LoRA adapters are merged first (`dew.models.lora.merge_lora`): the folder is a plain
+    checkpoint that needs no adapter library.
+
     `config.json`, `generation_config.json`, and the weights as `model.safetensors`, or, above
     `shard_bytes`, as `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
     Tied embeddings are written once. A value head is not part of the format and is left out.
@@ -191,6 +195,7 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
       True
     """
     folder = Path(path)
+    policy = merge_lora(policy)
     config = policy.config
     raw = config_to_hf(config)
     params = nnx.state(policy, nnx.Param)
