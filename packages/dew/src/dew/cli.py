@@ -383,13 +383,16 @@ def command_export(argv: list[str]) -> int:
         "that transformers and `--model FOLDER` load.",
         exit_on_error=False,
     )
-    parser.add_argument("--run", required=True, help="a run folder")
-    parser.add_argument("--out", required=True, help="the folder to write (new or empty)")
+    parser.add_argument("--run", help="a run folder (required)")
+    parser.add_argument("--out", help="the folder to write, new or empty (required)")
     parser.add_argument("--step", type=int, help="the checkpoint (default: the newest)")
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as error:
         raise CommandError(str(error)) from error
+    for flag in ("run", "out"):
+        if getattr(args, flag) is None:
+            raise CommandError(f"--{flag} is required (dew export --run RUN --out FOLDER)")
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CommandError(f"--out {out} already holds files; choose a new or empty folder")
