@@ -1,6 +1,7 @@
 """LoRA: adapters trained alone over a frozen base, the base as the reference, merged on export."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax
@@ -8,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from safetensors.numpy import load_file
 
 from dew import cli
-from dew.hf import load_policy, save_policy
+from dew.hf import load_policy, save_adapters, save_policy
 from dew.inference import load_run
 from dew.models.lora import LORA_MODULES, add_lora, has_lora, merge_lora
 from dew.models.outputs import log_probs
@@ -172,3 +174,30 @@ def test_export_errors_are_one_line_naming_the_flag(capsys, tmp_path, argv, mess
 def test_every_projection_is_a_default_target():
     assert TrainConfig().lora.modules == LORA_MODULES
     assert TrainConfig().replace(lora_modules="q_proj, v_proj").lora.modules == ("q_proj", "v_proj")
+
+
+def test_adapters_saved_in_peft_layout_rebuild_the_merged_weights(tmp_path):
+    policy = add_lora(resolve_model(str(CHAT)).policy(0), 4, 8.0, modules=("q_proj", "down_proj"))
+    adapters = nnx.state(policy, nnx.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(2), len(jax.tree.leaves(adapters))))
+    nnx.update(policy, jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), adapters))
+    save_adapters(policy, tmp_path / "adapters", base_model=str(CHAT))
+    save_policy(policy, tmp_path / "merged")
+    config = json.loads((tmp_path / "adapters" / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
+    assert config["target_modules"] == ["q_proj", "down_proj"]
+    assert config["base_model_name_or_path"] == str(CHAT)
+    lora = load_file(tmp_path / "adapters" / "adapter_model.safetensors")
+    assert len(lora) == 2 * 2 * 2  # two layers, two modules, A and B
+    base, merged = (
+        load_file(CHAT / "model.safetensors"),
+        load_file(tmp_path / "merged" / "model.safetensors"),
+    )
+    for layer, module in ((0, "self_attn.q_proj"), (1, "mlp.down_proj")):
+        name = f"model.layers.{layer}.{module}"
+        a = lora[f"base_model.model.{name}.lora_A.weight"]  # [r, in]
+        b = lora[f"base_model.model.{name}.lora_B.weight"]  # [out, r]
+        peft_merged = base[f"{name}.weight"] + config["lora_alpha"] / config["r"] * (b @ a)
+        np.testing.assert_allclose(peft_merged, merged[f"{name}.weight"], atol=1e-5)
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        save_adapters(resolve_model("tiny").policy(0), tmp_path / "none")
