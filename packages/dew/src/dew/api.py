@@ -10,7 +10,7 @@ Examples:
 """
 
 from dew.batch import Batch
-from dew.inference import load_run, model_run, sample_run
+from dew.inference import export_run, load_run, model_run, sample_run
 from dew.models import CausalLM
 from dew.models.outputs import PolicyOutputs
 from dew.models.registry import resolve_model
@@ -55,6 +55,7 @@ __all__ = [
     "TrainingError",
     "available_objectives",
     "available_tasks",
+    "export_run",
     "get_task",
     "load_objective",
     "load_run",
