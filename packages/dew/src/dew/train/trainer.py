@@ -304,10 +304,13 @@ class Trainer:
             if not _out_of_memory(error):
                 raise
             options = self.config.rollout
+            savers = [] if self.config.memory.remat else ["--remat"]
+            savers += [] if self.config.memory.logit_chunk else ["--logit-chunk N"]
+            saving = f", or turn on {' and '.join(savers)}" if savers else ""
             raise TrainingError(
                 f"out of memory at step {step}: lower --prompts ({options.prompts}) or --group "
                 f"({options.group}), or raise --micro-batches ({self.config.update.micro_batches})"
-                f"; {self._kept()}"
+                f"{saving}; {self._kept()}"
             ) from error
         finished = time.perf_counter()
         self.step = step
