@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from dew.models.llama import ModelConfig, build
-from dew.models.lora import TRAINABLE, add_lora
+from dew.models.lora import add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.rollout import rollout
 from dew.tasks import Task, get_task
@@ -98,7 +98,7 @@ def _policy_parts(config: dict[str, Any], source: ModelSource):
     seed = recorded.run.seed
     policy = source.policy(seed, value_head=model_config.value_head)
     policy = add_lora(policy, lora.lora_rank, lora.lora_alpha, lora.modules, seed)
-    graphdef, params, frozen = nnx.split(policy, TRAINABLE, ...)
+    graphdef, params, frozen = nnx.split(policy, trainable, ...)
     return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
 
 

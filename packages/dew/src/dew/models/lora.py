@@ -3,7 +3,7 @@
 A projection `x W + b` becomes `x W + b + (alpha / rank) x A B` with `A` `[in, rank]` and `B`
 `[rank, out]` (arXiv:2106.09685). `B` starts at zero, so a policy with fresh adapters computes
 exactly what its base does. The adapters are `nnx.LoRAParam`s and the rest keeps its types, so
-`nnx.split(policy, TRAINABLE, ...)` hands the optimizer, the gradient and the checkpoint the
+`nnx.split(policy, trainable, ...)` hands the optimizer, the gradient and the checkpoint the
 adapters alone, while the base weights stay where they are, frozen and shared.
 
 Built on Flax NNX's own `nnx.LoRALinear` (the layer, `lora.lora_a` and `lora.lora_b`, float32
@@ -27,12 +27,12 @@ __all__ = [
     "ATTENTION_MODULES",
     "LORA_MODULES",
     "MLP_MODULES",
-    "TRAINABLE",
     "LoRALinear",
     "adapters_off",
     "add_lora",
     "has_lora",
     "merge_lora",
+    "trainable",
 ]
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -42,8 +42,6 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 LORA_MODULES = ATTENTION_MODULES + MLP_MODULES
 """Every projection an adapter can sit on (Hugging Face's names), the default target."""
 
-TRAINABLE = nnx.Any(nnx.LoRAParam, nnx.PathContains("value_head"))
-"""What a LoRA run trains: the adapters and, for PPO, the value head."""
 
 _LORA_STREAM = 0x10A
 """The adapters' initial `A` draw from `fold_in(key(seed), _LORA_STREAM)`, apart from the base's."""
@@ -89,6 +87,27 @@ class LoRALinear(nnx.LoRALinear):
         kernel = self.kernel[...]
         update = self.lora.lora_a[...].astype(jnp.float32) @ self.lora.lora_b[...]
         return (kernel.astype(jnp.float32) + self.scale * update).astype(kernel.dtype)
+
+
+def trainable(path: tuple, variable) -> bool:
+    """True for what a LoRA run trains: an adapter, or a value head's parameter (PPO's critic).
+
+    An `nnx` filter: `nnx.split(policy, trainable, ...)` splits the trained from the frozen.
+
+    Examples:
+      >>> import dataclasses
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> config = dataclasses.replace(SIZES["tiny"], value_head=True)
+      >>> policy = add_lora(build(config, 0), rank=2, alpha=4.0, modules=("q_proj",))
+      >>> for path, _ in nnx.to_flat_state(nnx.state(policy, trainable)):
+      ...     print(".".join(map(str, path)))
+      layers.0.self_attn.q_proj.lora.lora_a
+      layers.0.self_attn.q_proj.lora.lora_b
+      value_head.bias
+      value_head.kernel
+    """
+    return isinstance(variable, nnx.LoRAParam) or "value_head" in path
 
 
 def _owner(layer, name: str):

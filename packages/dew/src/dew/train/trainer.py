@@ -22,7 +22,7 @@ from rich.console import Console
 
 from dew.batch import Batch
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
-from dew.models.lora import TRAINABLE, adapters_off, add_lora
+from dew.models.lora import adapters_off, add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
 from dew.rollout import Rollout, StepRollout, rollout
@@ -181,7 +181,7 @@ class Trainer:
             policy = add_lora(
                 policy, lora.lora_rank, lora.lora_alpha, lora.modules, config.run.seed
             )
-        trained = TRAINABLE if self.lora else nnx.Param
+        trained = trainable if self.lora else nnx.Param
         self.graphdef, params, frozen = nnx.split(policy, trained, ...)
         fsdp = config.mesh.fsdp
         params, frozen = nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)

@@ -282,16 +282,16 @@ class UpdateSpec:
 
 
 def make_update(spec: UpdateSpec):
-    """The jitted `update(params, opt_state, frozen, ref_params, batch) -> (params, opt_state,
-    metrics)`.
+    """The jitted `update(params, opt_state, frozen, ref_params, batch)` of `spec`.
 
-    `params` are what the optimizer trains, `frozen` the parameters it does not (`{}` unless
-    the run trains LoRA adapters), `ref_params` the reference's trained part or None.
-    `metrics` holds `loss`, `grad_norm` and the objective's metrics, each the mean over the
-    `updates_per_rollout` steps of the weighted micro-batch mean, and `finite`, true when every
-    loss was. With `spec.mesh`, params and optimizer state come out laid out as
-    `param_shardings` lays them and the metrics replicated. With one step per rollout and no
-    value head, `old_log_probs` come from the loss's own pass (`with_old_log_probs`).
+    It returns `(params, opt_state, metrics)`. `params` are what the optimizer trains, `frozen`
+    the parameters it does not (`{}` unless the run trains LoRA adapters), `ref_params` the
+    reference's trained part or None. `metrics` holds `loss`, `grad_norm` and the objective's
+    metrics, each the mean over the `updates_per_rollout` steps of the weighted micro-batch
+    mean, and `finite`, true when every loss was. With `spec.mesh`, params and optimizer state
+    come out laid out as `param_shardings` lays them and the metrics replicated. With one step
+    per rollout and no value head, `old_log_probs` come from the loss's own pass
+    (`with_old_log_probs`).
 
     Examples:
       >>> import numpy as np
