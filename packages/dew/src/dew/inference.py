@@ -113,11 +113,12 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
       >>> import shutil, tempfile
       >>> import jax.numpy as jnp
       >>> from dew.hf import load_policy
-      >>> from dew.train import TrainConfig, train
+      >>> from dew.train import TrainConfig
+      >>> from dew.train.trainer import Trainer
       >>> run_dir, out = tempfile.mkdtemp(), tempfile.mkdtemp()
       >>> config = TrainConfig(objective="sft", model="tiny").replace(
       ...     steps=1, prompts=2, lora_rank=2, out=run_dir)
-      >>> _ = train(config, quiet=True)
+      >>> _ = Trainer(config, quiet=True).run()
       >>> run = export_run(run_dir, out)
       >>> policy, tokens = load_policy(out), jnp.array([[1, 5, 6]])
       >>> trained = nnx.merge(run.graphdef, run.params)
