@@ -38,7 +38,7 @@ def knobs(monkeypatch):
 def test_dew_help_lists_the_commands(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "train" in out and "sample" in out
+    assert "train" in out and "sample" in out and "export" in out
 
 
 def test_train_help_lists_the_objectives_flags(capsys, knobs):
@@ -105,6 +105,9 @@ def test_an_unknown_objective_is_one_line_listing_the_available(capsys):
         (["--objective", "sft", "--task", "juggle"], "unknown task 'juggle'"),
         (["--objective", "sft", "--lr", "-1"], "--lr must be > 0"),
         (["--objective", "sft", "--steps", "many"], "invalid int value"),
+        (["--objective", "sft", "--lora-rank", "-2"], "--lora-rank must be >= 0, got -2"),
+        (["--objective", "sft", "--lora-modules", "q_proj,wo"], "--lora-modules: unknown module"),
+        (["--objective", "sft", "--logit-chunk", "-1"], "--logit-chunk must be >= 0"),
     ],
 )
 def test_invalid_values_stop_before_compiling(capsys, tmp_path, argv, message):

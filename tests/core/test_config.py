@@ -50,6 +50,14 @@ def test_a_record_round_trips_through_json():
         ("steps", 2.5, "--steps must be a whole number"),
         ("prompts", True, "--prompts must be a number"),
         ("devices", 0, "--devices must be >= 1"),
+        ("lora_rank", -1, "--lora-rank must be >= 0"),
+        ("lora_rank", 2.5, "--lora-rank must be a whole number"),
+        ("lora_alpha", 0.0, "--lora-alpha must be > 0"),
+        ("lora_alpha", math.nan, "--lora-alpha must be > 0, got nan"),
+        ("lora_modules", "q_proj,qkv", "--lora-modules: unknown module 'qkv'; choose from q_proj"),
+        ("lora_modules", " , ", "--lora-modules: none named"),
+        ("logit_chunk", -1, "--logit-chunk must be >= 0"),
+        ("logit_chunk", 1.5, "--logit-chunk must be a whole number"),
     ],
 )
 def test_out_of_range_options_are_refused_naming_the_flag(option, value, message):

@@ -16,10 +16,13 @@ from dew.train import TrainConfig, train
 
 assert len(jax.devices()) == 8, jax.devices()
 runs = {}
-for name, devices, fsdp in [("one", 1, False), ("data", 8, False), ("fsdp", 8, True)]:
+for name, devices, fsdp, rank in [
+    ("one", 1, False, 0), ("data", 8, False, 0), ("fsdp", 8, True, 0),
+    ("lora-one", 1, False, 2), ("lora-fsdp", 8, True, 2),
+]:
     config = TrainConfig(model="tiny").replace(
         prompts=8, group=4, steps=1, lr=1e-2, devices=devices, fsdp=fsdp, micro_batches=2,
-        out=f"{sys.argv[2]}/{name}")
+        lora_rank=rank, out=f"{sys.argv[2]}/{name}")
     result = train(config, objective=conftest.Reinforce(), quiet=True)
     leaves = jax.tree.leaves(result.params)
     runs[name] = {
@@ -50,8 +53,11 @@ def test_one_step_on_eight_devices_matches_one_device(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads(done.stdout.strip().splitlines()[-1])
-    one = runs["one"]
-    for name in ("data", "fsdp"):
+    for name, one in (
+        ("data", runs["one"]),
+        ("fsdp", runs["one"]),
+        ("lora-fsdp", runs["lora-one"]),
+    ):
         run = runs[name]
         assert run["reward"] == one["reward"], name  # the same samples
         assert abs(run["loss"] - one["loss"]) < 1e-5, name

@@ -45,7 +45,7 @@ def run_update(graphdef, params, batch, objective, micro_batches, updates=2):
         UpdateSpec(graphdef, objective, options, UpdateOptions(updates, micro_batches))
     )
     params = jax.tree.map(jnp.array, params)  # a fresh copy: the update donates its inputs
-    return update(params, optimizer(options).init(params), None, batch)
+    return update(params, optimizer(options).init(params), {}, None, batch)
 
 
 def loss_of(graphdef, objective):

@@ -11,7 +11,7 @@ Examples:
 
 from dew.batch import Batch
 from dew.evaluation import evaluate, pass_at_k
-from dew.inference import load_run, model_run, sample_run
+from dew.inference import export_run, load_run, model_run, sample_run
 from dew.models import CausalLM
 from dew.models.outputs import PolicyOutputs
 from dew.models.registry import resolve_model
@@ -71,6 +71,7 @@ __all__ = [
     "available_objectives",
     "available_tasks",
     "evaluate",
+    "export_run",
     "get_reward",
     "get_task",
     "load_examples",

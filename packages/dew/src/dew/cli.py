@@ -1,5 +1,7 @@
 """The `dew` command: `dew train` teaches a policy a task, `dew sample` shows what it learned.
 
+`dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message.
+
 `dew train --objective NAME --help` lists the objective's own hyperparameters: every field of the
 objective's dataclass becomes a `--field-name` flag. Invalid options stop the command with a
 one-line message before anything is compiled.
@@ -516,6 +518,39 @@ def command_eval(argv: list[str]) -> int:
     return 0
 
 
+def command_export(argv: list[str]) -> int:
+    """Run `dew export`: write a run's policy as a Hugging Face folder; the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="dew export",
+        description="Write a run's policy (LoRA adapters merged) as a Hugging Face model folder "
+        "that transformers and `--model FOLDER` load.",
+        exit_on_error=False,
+    )
+    parser.add_argument("--run", help="a run folder (required)")
+    parser.add_argument("--out", help="the folder to write, new or empty (required)")
+    parser.add_argument("--step", type=int, help="the checkpoint (default: the newest)")
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as error:
+        raise CommandError(str(error)) from error
+    for flag in ("run", "out"):
+        if getattr(args, flag) is None:
+            raise CommandError(f"--{flag} is required (dew export --run RUN --out FOLDER)")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CommandError(f"--out {out} already holds files; choose a new or empty folder")
+    from dew.inference import export_run
+
+    try:
+        run = export_run(args.run, out, args.step)
+    except (FileNotFoundError, ValueError) as error:
+        raise CommandError(f"--run {args.run}: {error}") from error
+    lora = run.config.get("lora", {}).get("lora_rank", 0)
+    merged = f", LoRA rank {lora} merged" if lora else ""
+    print(f"wrote {out}: {args.run} at step {run.step}{merged}")
+    return 0
+
+
 def command_chat(argv: list[str]) -> int:
     """Run `dew chat`: print a chat model's answer to one message; the exit status.
 
@@ -600,7 +635,19 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="evaluate a run or a model on a task's held-out examples", add_help=False
     )
     commands.add_parser("chat", help="answer one message with a chat model", add_help=False)
+    commands.add_parser(
+        "export", help="write a run's policy as a Hugging Face model folder", add_help=False
+    )
     return parser
+
+
+COMMANDS = {
+    "train": command_train,
+    "sample": command_sample,
+    "eval": command_eval,
+    "chat": command_chat,
+    "export": command_export,
+}
 
 
 def _terminate(signum, frame):
@@ -637,22 +684,16 @@ def main(argv: list[str] | None = None) -> int:
       >>> shutil.rmtree(out)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {
-        "train": command_train,
-        "sample": command_sample,
-        "eval": command_eval,
-        "chat": command_chat,
-    }
-    if not argv or argv[0] not in commands:
+    if not argv or argv[0] not in COMMANDS:
         parser = build_parser()
         if not argv or argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
         parser.print_usage(sys.stderr)
-        known = "use train, sample, eval or chat"
+        known = "use train, sample, eval, chat or export"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
-    command = commands[argv[0]]
+    command = COMMANDS[argv[0]]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

@@ -3,7 +3,8 @@
 - `load_policy(path)`: a `Policy` from a Hugging Face model folder (`config.json` with
   `model.safetensors`, or shards listed by `model.safetensors.index.json`) or a `.gguf` file.
 - `save_policy(policy, path)`: the folder `transformers.AutoModelForCausalLM.from_pretrained`
-  reads back to the same logits.
+  reads back to the same logits, LoRA adapters merged.
+- `save_adapters(policy, path)`: a LoRA policy's adapters alone, in the layout peft and vLLM read.
 - `load_tokenizer(path)`: the tokenizer beside the weights (`tokenizer.json` and
   `tokenizer_config.json`) or in the GGUF file's metadata.
 
@@ -27,16 +28,19 @@ import numpy as np
 from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
+from safetensors.numpy import save_file as save_numpy
 
 from dew import _gguf
 from dew._hf_format import CheckpointError, checkpoint_key, config_from_hf, config_to_hf
 from dew.models.llama import ModelConfig, Policy, abstract, value_head
+from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
 from dew.tokenizers import HFTokenizer
 
 __all__ = [
     "CheckpointError",
     "load_policy",
     "load_tokenizer",
+    "save_adapters",
     "save_policy",
     "with_value_head",
 ]
@@ -176,6 +180,9 @@ def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> 
 def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
     """Write `policy` as a Hugging Face model folder at `path` (created if missing).
 
+    LoRA adapters are merged first (`dew.models.lora.merge_lora`): the folder is a plain
+    checkpoint that needs no adapter library.
+
     `config.json`, `generation_config.json`, and the weights as `model.safetensors`, or, above
     `shard_bytes`, as `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
     Tied embeddings are written once. A value head is not part of the format and is left out.
@@ -191,6 +198,7 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
       True
     """
     folder = Path(path)
+    policy = merge_lora(policy)
     config = policy.config
     raw = config_to_hf(config)
     params = nnx.state(policy, nnx.Param)
@@ -229,6 +237,72 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
         weight_map |= dict.fromkeys(shard, name)
     index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
     (folder / _INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = None) -> None:
+    """Write `policy`'s LoRA adapters alone in PEFT's layout at `path` (created if missing).
+
+    `adapter_config.json` (`peft_type` LORA, `r`, `lora_alpha`, `target_modules`) and
+    `adapter_model.safetensors` keyed as peft names them for a causal LM,
+    `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` `[r, in]` and `lora_B.weight`
+    `[out, r]` (Dew's `A` and `B` transposed), so peft and vLLM apply them to the base checkpoint
+    as `W + (lora_alpha / r) B A`. `base_model` is recorded as `base_model_name_or_path`. A value
+    head is not part of the format and is left out.
+
+    Reference: peft 0.17 `tuners/lora/config.py` (`LoraConfig` fields) and
+    `utils/save_and_load.py` (`get_peft_model_state_dict` key names).
+
+    Examples:
+      >>> import tempfile
+      >>> from dew.models.lora import add_lora
+      >>> policy = add_lora(load_policy("tests/core/hf/qwen2"), rank=4, alpha=8.0,
+      ...                   modules=("q_proj", "v_proj"))
+      >>> with tempfile.TemporaryDirectory() as folder:
+      ...     save_adapters(policy, folder)
+      ...     config = json.loads((Path(folder) / "adapter_config.json").read_text())
+      ...     with safe_open(Path(folder) / "adapter_model.safetensors", "numpy") as tensors:
+      ...         shape = tensors.get_slice(sorted(tensors.keys())[0]).get_shape()
+      >>> config["r"], config["lora_alpha"], config["target_modules"], shape
+      (4, 8.0, ['q_proj', 'v_proj'], [4, 64])
+    """
+    adapters = [
+        (names, module)
+        for names, module in nnx.iter_modules(policy)
+        if isinstance(module, LoRALinear)
+    ]
+    if not adapters:
+        raise ValueError("the policy has no LoRA adapters to save (see dew.models.lora.add_lora)")
+    settings = {(module.rank, module.scale) for _, module in adapters}
+    if len(settings) > 1:
+        raise ValueError(f"PEFT's layout takes one rank and alpha; the adapters have {settings}")
+    rank, scale = settings.pop()
+    tensors = {}
+    for names, module in adapters:
+        key, _ = checkpoint_key(".".join(map(str, (*names, "kernel"))))
+        prefix = "base_model.model." + key.removesuffix(".weight")
+        tensors[f"{prefix}.lora_A.weight"] = np.asarray(module.lora.lora_a[...]).T
+        tensors[f"{prefix}.lora_B.weight"] = np.asarray(module.lora.lora_b[...]).T
+    targets = [name for name in LORA_MODULES if any(names[-1] == name for names, _ in adapters)]
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": rank * scale,
+        "lora_dropout": 0.0,
+        "target_modules": targets,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+    }
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = {key: np.ascontiguousarray(value) for key, value in tensors.items()}
+    save_numpy(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
 def with_value_head(policy: Policy, seed: int) -> Policy:

@@ -1,6 +1,10 @@
-"""A trained run loaded back: its policy at the latest checkpoint, its task, samples from it."""
+"""A trained run loaded back: its policy at the latest checkpoint, its task, samples from it.
+
+`export_run` writes a run's policy (LoRA adapters merged) as a Hugging Face folder.
+"""
 
 import dataclasses
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +13,8 @@ import numpy as np
 from flax import nnx
 
 from dew.models.llama import ModelConfig, build
-from dew.models.registry import resolve_model
+from dew.models.lora import add_lora, trainable
+from dew.models.registry import ModelSource, resolve_model
 from dew.rollout import Prompter, rollout
 from dew.tasks import Task
 from dew.train.checkpoint import Checkpoints
@@ -17,11 +22,17 @@ from dew.train.config import TrainConfig, make_prompter, resolve_task
 from dew.train.runlog import read_config
 
 __all__ = [
+    "TOKENIZER_FILES",
     "Run",
+    "export_run",
     "load_run",
     "model_run",
     "sample_run",
 ]
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+"""The tokenizer files `export_run` copies from a checkpoint-folder model."""
 
 
 @dataclasses.dataclass
@@ -67,11 +78,11 @@ def load_run(
     """
     run_dir, given = Path(run_dir), config
     config = read_config(run_dir)
-    tokenizer = resolve_model(config["model"]).tokenizer()
-    prompter = _prompter(given or TrainConfig.from_record(config), tokenizer)
-    graphdef, params = nnx.split(build(ModelConfig(**config["model_config"]), 0))
+    source = resolve_model(config["model"])
+    prompter = _prompter(given or TrainConfig.from_record(config), source.tokenizer())
+    graphdef, params, frozen = _policy_parts(config, source)
     checkpoints = Checkpoints(run_dir / "checkpoints")
-    template = {"params": nnx.to_pure_dict(params)}
+    template = {"params": params}
     try:
         if step is None:
             step, restored = checkpoints.restore_latest(template)
@@ -81,8 +92,64 @@ def load_run(
             restored = checkpoints.restore(step, template)
     finally:
         checkpoints.close()
-    params = restored["params"]
+    params = nnx.to_pure_dict(nnx.merge_state(restored["params"], frozen))
     return Run(graphdef, params, prompter, config, step)
+
+
+def _policy_parts(config: dict[str, Any], source: ModelSource):
+    """A recorded run's policy as `(graphdef, trained params, frozen params)`, untrained.
+
+    A LoRA run's checkpoint holds its adapters alone: its base comes from `--model` and the
+    run's seed again, with fresh adapters for the checkpoint's to replace.
+    """
+    model_config = ModelConfig(**config["model_config"])
+    recorded = TrainConfig.from_record(config)
+    lora = recorded.lora
+    if not lora.lora_rank:
+        graphdef, params = nnx.split(build(model_config, 0))
+        return graphdef, nnx.to_pure_dict(params), {}
+    seed = recorded.run.seed
+    policy = source.policy(seed, value_head=model_config.value_head)
+    policy = add_lora(policy, lora.lora_rank, lora.lora_alpha, lora.modules, seed)
+    graphdef, params, frozen = nnx.split(policy, trainable, ...)
+    return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
+
+
+def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Run:
+    """Write the policy of `run_dir` (at `step`, default the newest) as a Hugging Face folder.
+
+    LoRA adapters are merged into the kernels (`dew.hf.save_policy`); the tokenizer files of a
+    checkpoint-folder model are copied beside the weights. `dew.hf.load_policy` and transformers
+    load the folder. The `Run` exported is returned.
+
+    Examples:
+      >>> import shutil, tempfile
+      >>> import jax.numpy as jnp
+      >>> from dew.hf import load_policy
+      >>> from dew.train import TrainConfig
+      >>> from dew.train.trainer import Trainer
+      >>> run_dir, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+      >>> config = TrainConfig(objective="sft", model="tiny").replace(
+      ...     steps=1, prompts=2, lora_rank=2, out=run_dir)
+      >>> _ = Trainer(config, quiet=True).run()
+      >>> run = export_run(run_dir, out)
+      >>> policy, tokens = load_policy(out), jnp.array([[1, 5, 6]])
+      >>> trained = nnx.merge(run.graphdef, run.params)
+      >>> bool(jnp.allclose(policy(tokens), trained(tokens), atol=1e-5))
+      True
+      >>> shutil.rmtree(run_dir), shutil.rmtree(out)
+      (None, None)
+    """
+    from dew import hf  # the checkpoint formats' libraries load only when exporting
+
+    run = load_run(run_dir, step)
+    hf.save_policy(nnx.merge(run.graphdef, run.params), out)
+    source = resolve_model(run.config["model"]).path
+    if source is not None and source.is_dir():
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, Path(out) / name)
+    return run
 
 
 def model_run(model: str, config: TrainConfig | None = None, seed: int = 0) -> Run:

@@ -40,7 +40,8 @@ class Objective(Protocol):
         completions per prompt drawn from the policy and scored), `DynamicSampling` (DAPO),
         `Demonstrations()` (supervised fine-tuning), `Preferences()` (DPO).
       needs_reference: the trainer fills `batch.ref_log_probs` from a frozen copy of the initial
-        policy.
+        policy (in a LoRA run, the base with the adapters off); when false no reference pass
+        runs.
       needs_values: the policy carries a value head; the trainer fills `batch.values` with its
         rollout-time predictions and the update passes the current ones in `outputs.values`.
     """

@@ -3,6 +3,7 @@
 - `dew.models.llama`: the Llama family (Llama, Qwen2, Qwen3), in Flax NNX.
 - `dew.models.registry`: model names (`tiny`, `default`, `small`, `smollm2`) and checkpoint paths.
 - `dew.models.outputs`: the per-token outputs (log-probs, values) objectives train on.
+- `dew.models.lora`: low-rank adapters on the projections, switched off and merged back.
 """
 
 from typing import Any, Protocol, runtime_checkable

@@ -38,6 +38,7 @@ __all__ = [
     "count_params",
     "rope_frequencies",
     "rotary",
+    "unembed_with",
     "value_head",
 ]
 
@@ -281,11 +282,15 @@ class Policy(nnx.Module):
         )
         self.value_head = value_head(config, rngs) if config.value_head else None
 
-    def hidden(self, tokens: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+    def hidden(
+        self, tokens: jax.Array, segments: jax.Array | None = None, *, remat: bool = False
+    ) -> jax.Array:
         """The final normed hidden states `[B, T, hidden_size]` of a full causal pass.
 
         With `segments` (`[B, T]` ids of packed sequences) a token attends only within its own
-        segment and positions restart at each segment's first token.
+        segment and positions restart at each segment's first token. With `remat` each decoder
+        layer is rematerialised (`nnx.remat`, `jax.checkpoint`): a backward pass keeps only the
+        layers' inputs and recomputes the rest, the same numbers for less memory.
         """
         check_tokens(tokens, "tokens")
         length = tokens.shape[1]
@@ -299,19 +304,31 @@ class Policy(nnx.Module):
             starts = jnp.where(segments != jnp.roll(segments, 1, axis=1), position, 0)
             starts = starts.at[:, 0].set(0)
             positions = position - jax.lax.cummax(starts, axis=1)
+
+        def through(layer, x):
+            return layer(x, positions, mask)[0]
+
+        if remat:
+            through = nnx.remat(through)
         x = self.embed_tokens(tokens)
         for layer in self.layers:
-            x, _ = layer(x, positions, mask)
+            x = through(layer, x)
         return self.norm(x)
+
+    def unembedding(self) -> tuple[jax.Array, str]:
+        """The output projection's weights and the einsum pattern applying them to hidden states.
+
+        `lm_head.kernel` `[hidden_size, V]`, or the tied `embed_tokens.embedding` `[V,
+        hidden_size]` read transposed by the pattern (never copied).
+        """
+        if self.lm_head is None:
+            return self.embed_tokens.embedding[...], "...h,vh->...v"
+        return self.lm_head.kernel[...], "...h,hv->...v"
 
     def unembed(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits `[..., V]` of hidden states `[..., hidden_size]`."""
-        if self.lm_head is None:
-            weights, pattern = self.embed_tokens.embedding[...], "...h,vh->...v"
-        else:
-            weights, pattern = self.lm_head.kernel[...], "...h,hv->...v"
-        hidden = hidden.astype(weights.dtype)
-        return jnp.einsum(pattern, hidden, weights, preferred_element_type=jnp.float32)
+        weights, pattern = self.unembedding()
+        return unembed_with(weights, pattern, hidden)
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """The value head's scalar prediction `[...]` of hidden states `[..., hidden_size]`."""
@@ -366,6 +383,17 @@ class Policy(nnx.Module):
             x, layer_cache = layer(x, positions, mask, layer_cache)
             new_cache.append(layer_cache)
         return self.unembed(self.norm(x)), tuple(new_cache)
+
+
+def unembed_with(weights: jax.Array, pattern: str, hidden: jax.Array) -> jax.Array:
+    """Float32 logits `[..., V]` of `hidden` under output weights `weights` (`Policy.unembedding`).
+
+    Examples:
+      >>> unembed_with(jnp.eye(2, 3), "...h,hv->...v", jnp.ones((1, 2)))
+      Array([[1., 1., 0.]], dtype=float32)
+    """
+    hidden = hidden.astype(weights.dtype)
+    return jnp.einsum(pattern, hidden, weights, preferred_element_type=jnp.float32)
 
 
 def value_head(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:

@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from dew.models._checks import check_tokens
-from dew.models.llama import Policy
+from dew.models.llama import Policy, unembed_with
 
 __all__ = [
     "PolicyOutputs",
+    "chunked_token_log_probs",
     "log_probs",
     "log_probs_and_values",
     "policy_outputs",
@@ -37,6 +38,24 @@ class PolicyOutputs:
     values: jax.Array | None = None
 
 
+def _check_mask(tokens: jax.Array, mask: jax.Array) -> None:
+    check_tokens(tokens, "tokens")
+    if mask.shape != tokens.shape:
+        raise ValueError(f"mask must match tokens {tokens.shape}, got {mask.shape}")
+
+
+def _picked(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """`log_softmax(logits)[..., target]` in float32: `[..., V]` and `[...]` to `[...]`."""
+    scores = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(scores, targets[..., None], axis=-1)[..., 0]
+
+
+def _aligned(picked: jax.Array, mask: jax.Array) -> jax.Array:
+    """`[B, T - 1]` next-token log-probs shifted onto their tokens: 0 at t = 0 and off `mask`."""
+    picked = jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)
+    return jnp.where(mask, picked, 0.0)
+
+
 def token_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """`[B, T]` log-softmax of `logits` `[B, T, V]` at the next token, 0 at t = 0 and off `mask`.
 
@@ -47,22 +66,72 @@ def token_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> ja
       >>> token_log_probs(logits, jnp.array([[0, 1, 2]]), jnp.array([[True, True, False]]))
       Array([[ 0.    , -1.3863,  0.    ]], dtype=float32)
     """
-    check_tokens(tokens, "tokens")
-    if mask.shape != tokens.shape:
-        raise ValueError(f"mask must match tokens {tokens.shape}, got {mask.shape}")
-    scores = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(scores, tokens[:, 1:, None], axis=-1)[..., 0]
-    picked = jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)
-    return jnp.where(mask, picked, 0.0)
+    _check_mask(tokens, mask)
+    return _aligned(_picked(logits[:, :-1], tokens[:, 1:]), mask)
+
+
+def chunked_token_log_probs(
+    model: Policy, hidden: jax.Array, tokens: jax.Array, mask: jax.Array, chunk: int
+) -> jax.Array:
+    """`token_log_probs(model.unembed(hidden), tokens, mask)`, `chunk` positions at a time.
+
+    The sequence is cut into chunks of `chunk` positions (the last padded); `lax.map` unembeds
+    one chunk at a time, and `jax.checkpoint` makes the backward pass recompute each chunk's
+    logits instead of keeping them. So neither pass holds more than `[B, chunk, V]` float32
+    logits; the values and gradients are the unchunked ones (up to float summation order).
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> model = build(SIZES["tiny"], 0)
+      >>> tokens = jnp.array([[1, 5, 6, 2, 7]])
+      >>> hidden, mask = model.hidden(tokens), tokens > 4
+      >>> chunked = chunked_token_log_probs(model, hidden, tokens, mask, chunk=3)
+      >>> bool(jnp.allclose(chunked, token_log_probs(model.unembed(hidden), tokens, mask)))
+      True
+    """
+    _check_mask(tokens, mask)
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    weights, pattern = model.unembedding()
+    rows, steps = tokens.shape[0], tokens.shape[1] - 1
+    count = -(-steps // chunk)
+    pad = count * chunk - steps
+    states = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+    states = states.reshape(rows, count, chunk, -1).swapaxes(0, 1)
+    targets = targets.reshape(rows, count, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one_chunk(weights, states, targets):
+        return _picked(unembed_with(weights, pattern, states), targets)
+
+    picked = jax.lax.map(lambda part: one_chunk(weights, *part), (states, targets))
+    picked = picked.swapaxes(0, 1).reshape(rows, count * chunk)[:, :steps]
+    return _aligned(picked, mask)
+
+
+def _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk: int) -> jax.Array:
+    if logit_chunk:
+        return chunked_token_log_probs(model, hidden, tokens, mask, logit_chunk)
+    return token_log_probs(model.unembed(hidden), tokens, mask)
 
 
 def log_probs(
-    model: Policy, tokens: jax.Array, mask: jax.Array, segments: jax.Array | None = None
+    model: Policy,
+    tokens: jax.Array,
+    mask: jax.Array,
+    segments: jax.Array | None = None,
+    *,
+    logit_chunk: int = 0,
+    remat: bool = False,
 ) -> jax.Array:
     """`[B, T]` per-token log-probs: entry t is `log p(tokens[:, t] | tokens[:, :t])`.
 
     0 at t = 0 and wherever `mask` is false (selected with `jnp.where`, so nothing in padding
-    reaches a loss). Log-softmax in float32.
+    reaches a loss). Log-softmax in float32. `logit_chunk` > 0 computes them
+    `chunked_token_log_probs`' way; `remat` rematerialises each decoder layer
+    (`Policy.hidden`). Neither changes the result.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -72,11 +141,18 @@ def log_probs(
       >>> log_probs(model, tokens, tokens > 4).shape
       (1, 4)
     """
-    return token_log_probs(model(tokens, segments), tokens, mask)
+    hidden = model.hidden(tokens, segments, remat=remat)
+    return _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk)
 
 
 def log_probs_and_values(
-    model: Policy, tokens: jax.Array, mask: jax.Array, segments: jax.Array | None = None
+    model: Policy,
+    tokens: jax.Array,
+    mask: jax.Array,
+    segments: jax.Array | None = None,
+    *,
+    logit_chunk: int = 0,
+    remat: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """`log_probs` and the value head's `[B, T]` predictions, aligned the same way.
 
@@ -93,10 +169,11 @@ def log_probs_and_values(
       >>> token_lp.shape, values  # the value head starts at zero
       ((1, 4), Array([[0., 0., 0., 0.]], dtype=float32))
     """
-    hidden = model.hidden(tokens, segments)
+    hidden = model.hidden(tokens, segments, remat=remat)
     values = model.values(hidden)
     values = jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
-    return token_log_probs(model.unembed(hidden), tokens, mask), jnp.where(mask, values, 0.0)
+    token_lp = _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk)
+    return token_lp, jnp.where(mask, values, 0.0)
 
 
 def policy_outputs(
@@ -106,8 +183,12 @@ def policy_outputs(
     segments: jax.Array | None = None,
     *,
     values: bool = False,
+    logit_chunk: int = 0,
+    remat: bool = False,
 ) -> PolicyOutputs:
     """`PolicyOutputs` of `model` on `tokens`: log-probs, and values when `values` is true.
+
+    `logit_chunk` and `remat` as in `log_probs`.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -118,6 +199,7 @@ def policy_outputs(
       >>> outputs.log_probs.shape, outputs.values
       ((1, 4), None)
     """
+    memory = {"logit_chunk": logit_chunk, "remat": remat}
     if values:
-        return PolicyOutputs(*log_probs_and_values(model, tokens, mask, segments))
-    return PolicyOutputs(log_probs(model, tokens, mask, segments))
+        return PolicyOutputs(*log_probs_and_values(model, tokens, mask, segments, **memory))
+    return PolicyOutputs(log_probs(model, tokens, mask, segments, **memory))

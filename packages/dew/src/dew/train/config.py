@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 
+from dew.models.lora import LORA_MODULES
 from dew.objective import Objective, load_objective
 from dew.options import (
     AT_LEAST_ONE,
@@ -33,6 +34,8 @@ __all__ = [
     "CHECKPOINT_DEFAULTS",
     "ConfigError",
     "EvalOptions",
+    "LoRAOptions",
+    "MemoryOptions",
     "MeshOptions",
     "OptimizerOptions",
     "PromptOptions",
@@ -161,6 +164,42 @@ class MeshOptions:
     fsdp: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class LoRAOptions:
+    """Low-rank adapters (arXiv:2106.09685): trained in place of the frozen base weights.
+
+    Attributes:
+      lora_rank: adapter rank; 0 trains every weight (full fine-tuning).
+      lora_alpha: adapter scale numerator: the update is (alpha / rank) x A B.
+      lora_modules: comma-separated projections that get adapters (default: all of q_proj,
+        k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).
+    """
+
+    lora_rank: int = option(0, NON_NEGATIVE)
+    lora_alpha: float = option(16.0, POSITIVE)
+    lora_modules: str = ",".join(LORA_MODULES)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """`lora_modules` as a tuple of names."""
+        return tuple(name.strip() for name in self.lora_modules.split(",") if name.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryOptions:
+    """What the update keeps in memory; none of it changes the numbers it computes.
+
+    Attributes:
+      logit_chunk: compute log-probs over sequence chunks of N positions, never holding the
+        float32 [B, T, V] logits (0: all positions at once).
+      remat: recompute each decoder layer's activations in the backward pass instead of
+        keeping them.
+    """
+
+    logit_chunk: int = option(0, NON_NEGATIVE)
+    remat: bool = False
+
+
 SECTIONS = {
     "run": RunOptions,
     "prompting": PromptOptions,
@@ -168,6 +207,8 @@ SECTIONS = {
     "optimizer": OptimizerOptions,
     "update": UpdateOptions,
     "mesh": MeshOptions,
+    "lora": LoRAOptions,
+    "memory": MemoryOptions,
     "evaluation": EvalOptions,
 }
 
@@ -191,6 +232,8 @@ class TrainConfig:
       optimizer: AdamW's settings.
       update: optimizer steps and micro-batches per rollout.
       mesh: devices and parameter layout.
+      lora: low-rank adapters (off by default).
+      memory: memory-saving forms of the update.
       evaluation: held-out evaluation and samples.
       objective_options: the objective's hyperparameters (its dataclass fields).
       task_options: the task's constructor arguments (`min_len`, `max_len` for the digit tasks).
@@ -217,6 +260,8 @@ class TrainConfig:
     optimizer: OptimizerOptions = OptimizerOptions()
     update: UpdateOptions = UpdateOptions()
     mesh: MeshOptions = MeshOptions()
+    lora: LoRAOptions = LoRAOptions()
+    memory: MemoryOptions = MemoryOptions()
     evaluation: EvalOptions = EvalOptions()
     objective_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -413,6 +458,12 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
     for section in SECTIONS:
         check_options(getattr(config, section))
     rollout, update = config.rollout, config.update
+    unknown = [name for name in config.lora.modules if name not in LORA_MODULES]
+    if unknown or not config.lora.modules:
+        raise ConfigError(
+            f"--lora-modules: {f'unknown module {unknown[0]!r}' if unknown else 'none named'}; "
+            f"choose from {','.join(LORA_MODULES)}"
+        )
     source = objective.source
     if rollout.group < source.min_group:
         raise ConfigError(

@@ -4,7 +4,8 @@ A run folder has one writer: a training process holds an exclusive lock on `.loc
 as long as it runs (the operating system drops it when the process dies, however it dies). A
 fresh run needs a folder that does not exist yet or is empty. A resumed run's `config.json` is
 the truth: options that define the run must match it, and the ones that may change (`--steps`,
-`--checkpoint-every`) are recorded as changes with the step they took effect at.
+`--checkpoint-every`, the memory options) are recorded as changes with the step they took effect
+at.
 """
 
 import dataclasses
@@ -30,12 +31,18 @@ LOCK = ".lock"
 MAY_CHANGE_ON_RESUME = (
     "steps",
     "checkpoint_every",
+    "logit_chunk",
+    "remat",
     "eval_every",
     "eval_prompts",
     "eval_k",
     "samples_every",
 )
-"""The options a resumed run may change; every other one defines the run."""
+"""The options a resumed run may change; every other one defines the run.
+
+`--logit-chunk` and `--remat` change what the update keeps in memory, not what it computes (up to
+float summation order), so a run that ran out of memory can resume with them; the evaluation and
+sample options change what is written beside the run, not the run."""
 _NOT_OPTIONS = ("out", "resume")
 
 
@@ -139,6 +146,8 @@ def resume_changes(run_dir: Path, config: TrainConfig, task_name: str) -> dict[s
       >>> _ = (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(recorded)))
       >>> resume_changes(run_dir, recorded.replace(steps=40), "reverse")
       {'steps': (20, 40)}
+      >>> resume_changes(run_dir, recorded.replace(remat=True, logit_chunk=64), "reverse")
+      {'logit_chunk': (0, 64), 'remat': (False, True)}
       >>> resume_changes(run_dir, recorded.replace(group=4), "reverse")
       Traceback (most recent call last):
       ...

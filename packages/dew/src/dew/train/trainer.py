@@ -24,6 +24,7 @@ from rich.console import Console
 from dew.batch import Batch
 from dew.evaluation import evaluate as evaluate_policy
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
+from dew.models.lora import adapters_off, add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
 from dew.rollout import Prompter, Prompts, Rollout, StepRollout, rollout
@@ -176,36 +177,59 @@ class Trainer:
         write_config(self.run_dir, entry)
 
     def _place(self, policy) -> None:
-        """Split the policy and lay it out, with the optimizer and reference, on the mesh."""
+        """Split the policy and lay it out, with the optimizer and reference, on the mesh.
+
+        `params` are what the optimizer trains: every parameter, or with `--lora-rank` the
+        adapters (and a value head); `frozen` holds the rest, the base weights, read but never
+        copied. A LoRA run's reference is its own base with the adapters at zero.
+        """
         config = self.config
         self.mesh = make_mesh(config.mesh.devices)
         self.rows = batch_sharding(self.mesh)
-        self.graphdef, params = nnx.split(policy)
-        params = nnx.to_pure_dict(params)
-        self.params = jax.device_put(params, param_shardings(params, self.mesh, config.mesh.fsdp))
+        lora = config.lora
+        self.lora = lora.lora_rank > 0
+        if self.lora:
+            policy = add_lora(
+                policy, lora.lora_rank, lora.lora_alpha, lora.modules, config.run.seed
+            )
+        trained = trainable if self.lora else nnx.Param
+        self.graphdef, params, frozen = nnx.split(policy, trained, ...)
+        fsdp = config.mesh.fsdp
+        params, frozen = nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
+        self.params = jax.device_put(params, param_shardings(params, self.mesh, fsdp))
+        self.frozen = jax.device_put(frozen, param_shardings(frozen, self.mesh, fsdp))
         opt_state = optimizer(config.optimizer).init(self.params)
-        self.opt_state = jax.device_put(
-            opt_state, param_shardings(opt_state, self.mesh, config.mesh.fsdp)
-        )
-        self.ref_params = (
-            jax.tree.map(lambda x: x.copy(), self.params)
-            if self.objective.needs_reference
-            else None
-        )
+        self.opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh, fsdp))
+        self.ref_params = None
+        if self.objective.needs_reference:
+            self.ref_params = (
+                adapters_off(self.params)
+                if self.lora
+                else jax.tree.map(lambda x: x.copy(), self.params)
+            )
         spec = UpdateSpec(
             self.graphdef,
             self.objective,
             config.optimizer,
             config.update,
             self.mesh,
-            config.mesh.fsdp,
+            fsdp,
+            config.memory,
         )
         self.update_fn = compiled_update(spec)
 
+    def policy_params(self):
+        """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
+        return nnx.to_pure_dict(nnx.merge_state(self.params, self.frozen))
+
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: the parameters, the optimizer and the frozen reference."""
+        """What a checkpoint holds: the trained parameters, the optimizer, a copied reference.
+
+        A LoRA run's checkpoint holds its adapters (and their optimizer state) alone: its base
+        and reference are rebuilt from `--model` and `--seed`.
+        """
         held = {"params": self.params, "opt_state": self.opt_state}
-        if self.ref_params is not None:
+        if self.ref_params is not None and not self.lora:
             held["ref_params"] = self.ref_params
         return held
 
@@ -214,7 +238,7 @@ class Trainer:
         if step is None:
             raise ConfigError(f"--resume: {self.run_dir} has no intact checkpoint")
         self.params, self.opt_state = restored["params"], restored["opt_state"]
-        self.ref_params = restored.get("ref_params")
+        self.ref_params = restored.get("ref_params", self.ref_params)
         self.step = step
 
     def save(self) -> None:
@@ -242,7 +266,7 @@ class Trainer:
         options = self.config.rollout
         return rollout(
             self.graphdef,
-            self.params,
+            self.policy_params(),
             self.prompter,
             prompts,
             group,
@@ -276,7 +300,7 @@ class Trainer:
     def update_phase(self, batch: Batch) -> dict[str, float]:
         """The compiled update on `batch`; its metrics on the host."""
         self.params, self.opt_state, metrics = self.update_fn(
-            self.params, self.opt_state, self.ref_params, batch
+            self.params, self.opt_state, self.frozen, self.ref_params, batch
         )
         return {k: v.item() for k, v in to_host(metrics).items()}
 
@@ -289,7 +313,7 @@ class Trainer:
         began = time.perf_counter()
         metrics = evaluate_policy(
             self.graphdef,
-            self.params,
+            self.policy_params(),
             self.prompter,
             prompts=options.eval_prompts,
             k=options.eval_k,
@@ -311,10 +335,13 @@ class Trainer:
             if not _out_of_memory(error):
                 raise
             options = self.config.rollout
+            savers = [] if self.config.memory.remat else ["--remat"]
+            savers += [] if self.config.memory.logit_chunk else ["--logit-chunk N"]
+            saving = f", or turn on {' and '.join(savers)}" if savers else ""
             raise TrainingError(
                 f"out of memory at step {step}: lower --prompts ({options.prompts}) or --group "
                 f"({options.group}), or raise --micro-batches ({self.config.update.micro_batches})"
-                f"; {self._kept()}"
+                f"{saving}; {self._kept()}"
             ) from error
         finished = time.perf_counter()
         self.step = step
@@ -434,12 +461,13 @@ def train(
         quiet=quiet,
     )
     history = trainer.run()
-    greedy = greedy_reward(trainer.graphdef, trainer.params, trainer.prompter, config)
+    params = trainer.policy_params()
+    greedy = greedy_reward(trainer.graphdef, params, trainer.prompter, config)
     final = history[-1]["reward"] if history else float("nan")
     return TrainResult(
         trainer.run_dir,
         history,
-        trainer.params,
+        params,
         trainer.graphdef,
         trainer.task,
         trainer.prompter,

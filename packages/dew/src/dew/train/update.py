@@ -1,7 +1,8 @@
 """The jitted update: a rollout's batch in, several optimizer steps over exact micro-batches out.
 
 Per call: the rollout-time log-probs (`old_log_probs`, and `ref_log_probs` or `values` when the
-objective asks), `objective.prepare` on the whole batch, then `updates` optimizer steps. Each step
+objective asks; with one optimizer step per rollout `old_log_probs` are the loss's own, detached),
+`objective.prepare` on the whole batch, then `updates` optimizer steps. Each step
 splits the batch into `micro_batches` group-aligned parts, runs the policy once per part
 (`policy_outputs`), hands the outputs to the objective's loss and combines the gradients as
 
@@ -27,7 +28,7 @@ from dew.mesh import param_shardings, replicated
 from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
 from dew.traces import count_trace
-from dew.train.config import OptimizerOptions, UpdateOptions
+from dew.train.config import MemoryOptions, OptimizerOptions, UpdateOptions
 
 __all__ = [
     "UpdateSpec",
@@ -38,7 +39,12 @@ __all__ = [
     "outputs_of",
     "rollout_fields",
     "split_micro_batches",
+    "with_old_log_probs",
 ]
+
+
+_PLAIN = MemoryOptions()
+"""Every position's logits at once, no remat: the update's memory options by default."""
 
 
 def optimizer(options: OptimizerOptions) -> optax.GradientTransformation:
@@ -92,8 +98,19 @@ def split_micro_batches(batch: Batch, count: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def outputs_of(graphdef: nnx.GraphDef, params, batch: Batch, values: bool) -> PolicyOutputs:
-    """`policy_outputs` of the policy `(graphdef, params)` on `batch`'s completion tokens.
+def outputs_of(
+    graphdef: nnx.GraphDef,
+    params,
+    batch: Batch,
+    values: bool,
+    *,
+    frozen=None,
+    memory: MemoryOptions = _PLAIN,
+) -> PolicyOutputs:
+    """`policy_outputs` of the policy `(graphdef, params, frozen)` on `batch`'s completion tokens.
+
+    `frozen` holds the parameters the optimizer does not train (a LoRA run's base weights);
+    `memory` chooses chunked log-probs and per-layer remat, neither changing the result.
 
     Examples:
       >>> from dew.models.llama import build
@@ -104,12 +121,37 @@ def outputs_of(graphdef: nnx.GraphDef, params, batch: Batch, values: bool) -> Po
       >>> outputs_of(graphdef, params, batch, values=False).log_probs.shape
       (1, 4)
     """
-    model = nnx.merge(graphdef, params)
-    return policy_outputs(model, batch.tokens, batch.completion_mask, batch.segments, values=values)
+    model = nnx.merge(graphdef, params, *([frozen] if frozen else []))
+    return policy_outputs(
+        model,
+        batch.tokens,
+        batch.completion_mask,
+        batch.segments,
+        values=values,
+        logit_chunk=memory.logit_chunk,
+        remat=memory.remat,
+    )
 
 
-def rollout_fields(graphdef, params, ref_params, batch: Batch, objective: Objective) -> Batch:
+def rollout_fields(
+    graphdef,
+    params,
+    ref_params,
+    batch: Batch,
+    objective: Objective,
+    *,
+    frozen=None,
+    memory: MemoryOptions = _PLAIN,
+    old_log_probs: bool = True,
+) -> Batch:
     """`batch` with `old_log_probs` (and `ref_log_probs`, `values` when asked) filled, detached.
+
+    The reference is the policy `(graphdef, ref_params, frozen)`: a copy of the initial
+    parameters, or for a LoRA run its adapters at zero over the shared base. With
+    `old_log_probs` false (one optimizer step per rollout) and no value head asked for, the
+    policy's pass is skipped: the loss then takes `old_log_probs` as the detached log-probs of
+    its own pass (`with_old_log_probs`), equal by construction. No reference pass runs when the
+    objective has no KL term (`needs_reference` false).
 
     Examples:
       >>> import numpy as np
@@ -131,12 +173,37 @@ def rollout_fields(graphdef, params, ref_params, batch: Batch, objective: Object
       >>> filled.ref_log_probs is None, filled.values is None  # SFT asks for neither
       (True, True)
     """
-    outputs = jax.lax.stop_gradient(outputs_of(graphdef, params, batch, objective.needs_values))
-    batch = batch.replace(old_log_probs=outputs.log_probs, values=outputs.values)
+    if old_log_probs or objective.needs_values:
+        outputs = outputs_of(
+            graphdef, params, batch, objective.needs_values, frozen=frozen, memory=memory
+        )
+        outputs = jax.lax.stop_gradient(outputs)
+        batch = batch.replace(old_log_probs=outputs.log_probs, values=outputs.values)
     if objective.needs_reference:
-        reference = outputs_of(graphdef, ref_params, batch, values=False)
+        reference = outputs_of(graphdef, ref_params, batch, False, frozen=frozen, memory=memory)
         batch = batch.replace(ref_log_probs=jax.lax.stop_gradient(reference.log_probs))
     return batch
+
+
+def with_old_log_probs(batch: Batch, outputs: PolicyOutputs) -> Batch:
+    """`batch` with `old_log_probs` the detached `outputs.log_probs` unless already filled.
+
+    With one optimizer step per rollout the policy that sampled is the one being trained, so
+    the ratio `exp(log_probs - stop_gradient(log_probs))` is 1 and its gradient the
+    log-probs', without a second forward pass.
+
+    Reference: Tunix `rl/grpo/grpo_learner.py` (old log-probs as `stop_gradient` of the current
+    ones when `num_iterations == 1`), 0.1.7.
+
+    Examples:
+      >>> tokens = jnp.array([[1, 5]])
+      >>> batch = Batch(tokens, tokens < 5, tokens >= 5, jnp.zeros((1, 2)), jnp.zeros(1), group=1)
+      >>> with_old_log_probs(batch, PolicyOutputs(jnp.array([[0.0, -0.5]]))).old_log_probs
+      Array([[ 0. , -0.5]], dtype=float32)
+    """
+    if batch.old_log_probs is not None:
+        return batch
+    return batch.replace(old_log_probs=jax.lax.stop_gradient(outputs.log_probs))
 
 
 def combined_gradient(
@@ -205,6 +272,7 @@ class UpdateSpec:
       update: optimizer steps and micro-batches per rollout.
       mesh: the device mesh the outputs are laid out on, or None (JAX's default placement).
       fsdp: params and optimizer state sharded over the mesh (`dew.mesh.param_shardings`).
+      memory: chunked log-probs and per-layer remat.
     """
 
     graphdef: nnx.GraphDef
@@ -213,15 +281,20 @@ class UpdateSpec:
     update: UpdateOptions
     mesh: Mesh | None = None
     fsdp: bool = False
+    memory: MemoryOptions = dataclasses.field(default_factory=MemoryOptions)
 
 
 def make_update(spec: UpdateSpec):
-    """The jitted `update(params, opt_state, ref_params, batch) -> (params, opt_state, metrics)`.
+    """The jitted `update(params, opt_state, frozen, ref_params, batch)` of `spec`.
 
-    `metrics` holds `loss`, `grad_norm` and the objective's metrics, each the mean over the
-    `updates_per_rollout` steps of the weighted micro-batch mean, and `finite`, true when every
-    loss was. With `spec.mesh`, params and optimizer state come out laid out as
-    `param_shardings` lays them and the metrics replicated.
+    It returns `(params, opt_state, metrics)`. `params` are what the optimizer trains, `frozen`
+    the parameters it does not (`{}` unless the run trains LoRA adapters), `ref_params` the
+    reference's trained part or None. `metrics` holds `loss`, `grad_norm` and the objective's
+    metrics, each the mean over the `updates_per_rollout` steps of the weighted micro-batch
+    mean, and `finite`, true when every loss was. With `spec.mesh`, params and optimizer state
+    come out laid out as `param_shardings` lays them and the metrics replicated. With one step
+    per rollout and no value head, `old_log_probs` come from the loss's own pass
+    (`with_old_log_probs`).
 
     Examples:
       >>> import numpy as np
@@ -240,21 +313,24 @@ def make_update(spec: UpdateSpec):
       >>> options = OptimizerOptions(lr=1e-2)
       >>> update = make_update(UpdateSpec(graphdef, SFT(), options, UpdateOptions()))
       >>> opt_state = optimizer(options).init(params)
-      >>> params, opt_state, first = update(params, opt_state, None, batch)
+      >>> params, opt_state, first = update(params, opt_state, {}, None, batch)
       >>> sorted(first), bool(first["finite"])
       (['finite', 'grad_norm', 'loss', 'nll', 'tokens'], True)
-      >>> params, opt_state, second = update(params, opt_state, None, batch)
+      >>> params, opt_state, second = update(params, opt_state, {}, None, batch)
       >>> bool(second["loss"] < first["loss"])  # the same rows, learned
       True
     """
-    graphdef, objective = spec.graphdef, spec.objective
+    graphdef, objective, memory = spec.graphdef, spec.objective, spec.memory
     tx = optimizer(spec.optimizer)
+    separate_old = spec.update.updates_per_rollout > 1
 
-    def loss_of(params, micro_batch):
-        outputs = outputs_of(graphdef, params, micro_batch, objective.needs_values)
-        return objective.loss(outputs, micro_batch)
+    def one_step(carry, _, micro, frozen):
+        def loss_of(params, micro_batch):
+            outputs = outputs_of(
+                graphdef, params, micro_batch, objective.needs_values, frozen=frozen, memory=memory
+            )
+            return objective.loss(outputs, with_old_log_probs(micro_batch, outputs))
 
-    def one_step(carry, _, micro):
         params, opt_state = carry
         grads, metrics = combined_gradient(loss_of, objective.loss_weight, params, micro)
         step_updates, opt_state = tx.update(grads, opt_state, params)
@@ -262,11 +338,21 @@ def make_update(spec: UpdateSpec):
         metrics["grad_norm"] = optax.tree.norm(grads)
         return (params, opt_state), metrics
 
-    def update(params, opt_state, ref_params, batch):
+    def update(params, opt_state, frozen, ref_params, batch):
         count_trace("update")
-        batch = objective.prepare(rollout_fields(graphdef, params, ref_params, batch, objective))
+        batch = rollout_fields(
+            graphdef,
+            params,
+            ref_params,
+            batch,
+            objective,
+            frozen=frozen,
+            memory=memory,
+            old_log_probs=separate_old,
+        )
+        batch = objective.prepare(batch)
         micro = split_micro_batches(batch, spec.update.micro_batches)
-        step = functools.partial(one_step, micro=micro)
+        step = functools.partial(one_step, micro=micro, frozen=frozen)
         (params, opt_state), history = jax.lax.scan(
             step, (params, opt_state), None, length=spec.update.updates_per_rollout
         )
@@ -278,7 +364,7 @@ def make_update(spec: UpdateSpec):
         return jax.jit(update, donate_argnums=(0, 1))
     compiled = None
 
-    def laid_out_update(params, opt_state, ref_params, batch):
+    def laid_out_update(params, opt_state, frozen, ref_params, batch):
         nonlocal compiled
         if compiled is None:  # the layouts follow the first call's trees
             shardings = (
@@ -287,7 +373,7 @@ def make_update(spec: UpdateSpec):
                 replicated(spec.mesh),
             )
             compiled = jax.jit(update, out_shardings=shardings, donate_argnums=(0, 1))
-        return compiled(params, opt_state, ref_params, batch)
+        return compiled(params, opt_state, frozen, ref_params, batch)
 
     return laid_out_update
 

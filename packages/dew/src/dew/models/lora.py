@@ -1,0 +1,202 @@
+"""Low-rank adapters (LoRA) on a policy's projections: adding them, switching them off, merging.
+
+A projection `x W + b` becomes `x W + b + (alpha / rank) x A B` with `A` `[in, rank]` and `B`
+`[rank, out]` (arXiv:2106.09685). `B` starts at zero, so a policy with fresh adapters computes
+exactly what its base does. The adapters are `nnx.LoRAParam`s and the rest keeps its types, so
+`nnx.split(policy, trainable, ...)` hands the optimizer, the gradient and the checkpoint the
+adapters alone, while the base weights stay where they are, frozen and shared.
+
+Built on Flax NNX's own `nnx.LoRALinear` (the layer, `lora.lora_a` and `lora.lora_b`, float32
+adapters), with `alpha / rank` scaling added: Flax's layer has none, and without it the step size
+of the low-rank update changes with the rank. A projection keeps its `kernel` and `bias` paths, so
+a LoRA policy's base parameters have the structure of the plain policy's.
+
+Reference: peft 0.17 `tuners/lora/layer.py` (`scaling = lora_alpha / r`, `lora_B` zero at
+init, merging as `W + scaling B A`). Dew has no LoRA dropout: it would make the log-probs the loss
+sees differ from the rollout's at the same weights (the ratio is no longer 1 at the first step)
+and needs a key per optimizer step for an exact resume.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dew.models.llama import Policy, abstract
+
+__all__ = [
+    "ATTENTION_MODULES",
+    "LORA_MODULES",
+    "MLP_MODULES",
+    "LoRALinear",
+    "adapters_off",
+    "add_lora",
+    "has_lora",
+    "merge_lora",
+    "trainable",
+]
+
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""The attention projections an adapter can sit on."""
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+"""The MLP projections an adapter can sit on."""
+LORA_MODULES = ATTENTION_MODULES + MLP_MODULES
+"""Every projection an adapter can sit on (Hugging Face's names), the default target."""
+
+
+_LORA_STREAM = 0x10A
+"""The adapters' initial `A` draw from `fold_in(key(seed), _LORA_STREAM)`, apart from the base's."""
+
+
+class LoRALinear(nnx.LoRALinear):
+    """A Linear with a low-rank update: `x W + b + (alpha / rank) x A B`.
+
+    `W` and `b` are the base layer's own variables (shared, not copied); `A` (`lora.lora_a`) is
+    drawn He-uniform and `B` (`lora.lora_b`) is zero, both float32. The update is added in the
+    base output's dtype.
+
+    Examples:
+      >>> base = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+      >>> layer = LoRALinear(base, rank=2, alpha=4.0, rngs=nnx.Rngs(1))
+      >>> x = jnp.ones((1, 3))
+      >>> bool(jnp.array_equal(layer(x), base(x))), layer.scale  # B = 0 at init
+      (True, 2.0)
+      >>> layer.kernel is base.kernel
+      True
+    """
+
+    def __init__(self, base: nnx.Linear, rank: int, alpha: float, *, rngs: nnx.Rngs):
+        super().__init__(
+            base.in_features,
+            base.out_features,
+            lora_rank=rank,
+            use_bias=base.use_bias,
+            param_dtype=base.param_dtype,
+            kernel_init=nnx.initializers.zeros,
+            rngs=rngs,
+        )
+        self.kernel = base.kernel
+        self.bias = base.bias
+        self.rank, self.scale = rank, alpha / rank
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = nnx.Linear.__call__(self, x)
+        return y + (self.scale * self.lora(x)).astype(y.dtype)
+
+    def merged_kernel(self) -> jax.Array:
+        """`W + (alpha / rank) A B` in `W`'s dtype, summed in float32."""
+        kernel = self.kernel[...]
+        update = self.lora.lora_a[...].astype(jnp.float32) @ self.lora.lora_b[...]
+        return (kernel.astype(jnp.float32) + self.scale * update).astype(kernel.dtype)
+
+
+def trainable(path: tuple, variable) -> bool:
+    """True for what a LoRA run trains: an adapter, or a value head's parameter (PPO's critic).
+
+    An `nnx` filter: `nnx.split(policy, trainable, ...)` splits the trained from the frozen.
+
+    Examples:
+      >>> import dataclasses
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> config = dataclasses.replace(SIZES["tiny"], value_head=True)
+      >>> policy = add_lora(build(config, 0), rank=2, alpha=4.0, modules=("q_proj",))
+      >>> for path, _ in nnx.to_flat_state(nnx.state(policy, trainable)):
+      ...     print(".".join(map(str, path)))
+      layers.0.self_attn.q_proj.lora.lora_a
+      layers.0.self_attn.q_proj.lora.lora_b
+      value_head.bias
+      value_head.kernel
+    """
+    return isinstance(variable, nnx.LoRAParam) or "value_head" in path
+
+
+def _owner(layer, name: str):
+    return layer.self_attn if name in ATTENTION_MODULES else layer.mlp
+
+
+def add_lora(
+    policy: Policy,
+    rank: int,
+    alpha: float,
+    modules: tuple[str, ...] = LORA_MODULES,
+    seed: int = 0,
+) -> Policy:
+    """`policy`, changed in place, with each of `modules` in every layer a `LoRALinear`.
+
+    The adapters' `A` are drawn from `seed` (a stream apart from the base's initialisation).
+
+    Examples:
+      >>> from dew.models.llama import build, count_params
+      >>> from dew.models.registry import SIZES
+      >>> policy = build(SIZES["tiny"], 0)
+      >>> tokens = jnp.array([[1, 5, 6, 2]])
+      >>> before = policy(tokens)
+      >>> policy = add_lora(policy, rank=2, alpha=4.0, modules=("q_proj", "v_proj"))
+      >>> bool(jnp.array_equal(policy(tokens), before))  # B = 0: the base's logits exactly
+      True
+      >>> adapters = nnx.state(policy, nnx.LoRAParam)
+      >>> sum(x.size for x in jax.tree.leaves(adapters)), count_params(build(SIZES["tiny"], 0))
+      (224, 10336)
+    """
+    unknown = sorted(set(modules) - set(LORA_MODULES))
+    if unknown:
+        raise ValueError(f"unknown LoRA module(s) {', '.join(unknown)}; known: {LORA_MODULES}")
+    rngs = nnx.Rngs(jax.random.fold_in(jax.random.key(seed), _LORA_STREAM))
+    for layer in policy.layers:
+        for name in modules:
+            owner = _owner(layer, name)
+            setattr(owner, name, LoRALinear(getattr(owner, name), rank, alpha, rngs=rngs))
+    return policy
+
+
+def has_lora(policy: Policy) -> bool:
+    """True when any projection of `policy` carries an adapter.
+
+    Examples:
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> policy = build(SIZES["tiny"], 0)
+      >>> has_lora(policy), has_lora(add_lora(policy, rank=1, alpha=1.0))
+      (False, True)
+    """
+    return any(isinstance(module, LoRALinear) for _, module in nnx.iter_modules(policy))
+
+
+def merge_lora(policy: Policy) -> Policy:
+    """A plain `Policy` computing what `policy` does, each adapter folded into its kernel.
+
+    Its kernels are `W + (alpha / rank) A B`; every other parameter is `policy`'s own (shared,
+    not copied). A policy without adapters is returned as it is.
+
+    Examples:
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> policy = add_lora(build(SIZES["tiny"], 0), rank=2, alpha=4.0)
+      >>> plain = merge_lora(policy)
+      >>> has_lora(plain), sorted(nnx.state(plain, nnx.LoRAParam))
+      (False, [])
+    """
+    if not has_lora(policy):
+        return policy
+    plain = abstract(policy.config)
+    nnx.update(plain, nnx.state(policy, nnx.Not(nnx.LoRAParam)))
+    for layer, plain_layer in zip(policy.layers, plain.layers, strict=True):
+        for name in LORA_MODULES:
+            module = getattr(_owner(layer, name), name)
+            if isinstance(module, LoRALinear):
+                target = getattr(_owner(plain_layer, name), name)
+                target.kernel = nnx.Param(module.merged_kernel())
+    return plain
+
+
+def adapters_off(trainable):
+    """`trainable` (a LoRA run's adapters, value head included) all zero: the base's policy.
+
+    With `A = B = 0` every `LoRALinear` adds exactly 0, so the policy computes the base's logits;
+    the zeros are the adapters' size, not the base's.
+
+    Examples:
+      >>> adapters_off({"lora_a": jnp.ones((2, 1)), "lora_b": jnp.ones((1, 2))})["lora_b"]
+      Array([[0., 0.]], dtype=float32)
+    """
+    return jax.tree.map(jnp.zeros_like, trainable)
