@@ -23,7 +23,8 @@ import jax
 import numpy as np
 
 from dew.evaluation import evaluate
-from dew.train import TrainConfig, Trainer
+from dew.train import TrainConfig
+from dew.train.trainer import Trainer
 from dew.train.config import CHECKPOINT_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -74,8 +74,8 @@ def test_evaluation_counts_correct_completions_by_the_first_reward():
 
 
 def test_nothing_correct_scores_zero_everywhere():
-    metrics = fixed_policy_run(lambda p, c, **k: [0.25] * len(c), k=3)
-    assert metrics["eval/pass@1"] == metrics["eval/pass@3"] == metrics["eval/maj@3"] == 0.0
+    metrics = fixed_policy_run(lambda p, c, **k: [0.25] * len(c), k=4)
+    assert metrics["eval/pass@1"] == metrics["eval/pass@4"] == metrics["eval/maj@4"] == 0.0
     assert metrics["eval/reward"] == pytest.approx(0.25)
 
 
@@ -83,9 +83,9 @@ def test_greedy_evaluation_repeats_one_completion():
     answers = []
 
     def judge(prompts, completions, **columns):
-        answers.append(np.array(completions).reshape(-1, 3))
+        answers.append(np.array(completions).reshape(-1, 4))
         return [1.0] * len(completions)
 
-    metrics = fixed_policy_run(judge, k=3, temperature=0.0)
+    metrics = fixed_policy_run(judge, k=4, temperature=0.0)
     assert all(len(set(row)) == 1 for row in answers[0])
-    assert metrics["eval/maj@3"] == 1.0
+    assert metrics["eval/maj@4"] == 1.0

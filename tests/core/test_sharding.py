@@ -12,7 +12,8 @@ import jax, numpy as np
 spec = importlib.util.spec_from_file_location("core_conftest", sys.argv[1])
 conftest = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(conftest)
-from dew.train import TrainConfig, train
+from dew.train import TrainConfig
+from dew.train.trainer import Trainer
 
 assert len(jax.devices()) == 8, jax.devices()
 runs = {}
@@ -23,11 +24,12 @@ for name, devices, fsdp, rank in [
     config = TrainConfig(model="tiny").replace(
         prompts=8, group=4, steps=1, lr=1e-2, devices=devices, fsdp=fsdp, micro_batches=2,
         lora_rank=rank, out=f"{sys.argv[2]}/{name}")
-    result = train(config, objective=conftest.Reinforce(), quiet=True)
-    leaves = jax.tree.leaves(result.params)
+    trainer = Trainer(config, objective=conftest.Reinforce(), quiet=True)
+    history = trainer.run()
+    leaves = jax.tree.leaves(trainer.policy_params())
     runs[name] = {
-        "loss": result.history[0]["loss"],
-        "reward": result.history[0]["reward"],
+        "loss": history[0]["loss"],
+        "reward": history[0]["reward"],
         "params": [np.asarray(x).ravel().tolist() for x in leaves],
         "specs": sorted({str(x.sharding.spec) for x in leaves}),
         "devices": sorted({len(x.sharding.device_set) for x in leaves}),

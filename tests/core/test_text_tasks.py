@@ -12,7 +12,8 @@ import pytest
 from dew import cli
 from dew.hf import load_tokenizer
 from dew.rewards import Reward, math_answer
-from dew.tasks import Dataset
+from dew.rollout import Prompter
+from dew.tasks import Dataset, load_examples
 from dew.train import TrainConfig, train
 from dew.train.runlog import read_metrics
 
@@ -81,8 +82,10 @@ def test_a_users_jsonl_and_reward_function_from_the_command_line(tmp_path, user_
         assert sample["reward"] == pytest.approx(expected, abs=1e-6)
 
 
-def test_a_dataset_and_a_reward_callable_from_python(tmp_path):
-    examples = [{"prompt": f"{a} + 1 = ?", "answer": str(a + 1), "level": a % 3} for a in range(20)]
+def test_a_dataset_and_a_reward_callable_from_python_over_long_prompts_dropped(tmp_path):
+    examples = [
+        {"prompt": "x " * n + "+ 1 = ?", "answer": str(n + 1), "level": n % 3} for n in range(40)
+    ]
     seen = []
 
     def by_level(prompts, completions, level, **columns):
@@ -97,26 +100,17 @@ def test_a_dataset_and_a_reward_callable_from_python(tmp_path):
         heldout=4,
     )
     config = TrainConfig(model=str(CHAT)).replace(
-        steps=1, prompts=2, group=2, out=str(tmp_path / "r")
-    )
-    result = train(config, task=task, quiet=True)
-    assert result.prompter.chat and result.history[0]["reward/by_level"] >= 0
-    assert sorted(seen[0]) == sorted(seen[0]) and all(x in (0, 1, 2) for x in seen[0])
-    heldout = {e["prompt"] for e in task.heldout(4)}
-    assert not heldout & {e["prompt"] for e in task.train}
-
-
-def test_over_long_prompts_are_dropped_and_counted(tmp_path):
-    examples = [{"prompt": "x " * n, "answer": "1"} for n in range(1, 40)]
-    tokenizer = load_tokenizer(CHAT)
-    task = Dataset(examples, heldout=0, max_new_tokens=2)
-    config = TrainConfig(model=str(CHAT)).replace(
         steps=2, prompts=4, group=2, max_prompt_tokens=30, out=str(tmp_path / "r")
     )
     result = train(config, task=task, quiet=True)
-    assert result.prompter.width == 30
+    assert result.prompter.chat and result.prompter.width == 30
+    assert all(x in (0, 1, 2) for x in seen[0]) and len(seen[0]) == 8
+    assert all(row["reward/by_level"] >= 0 for row in result.history)
     assert sum(row["prompts_dropped"] for row in result.history) > 0
+    tokenizer = load_tokenizer(CHAT)
     assert len(tokenizer.encode(result.prompter.text(examples[-1]))) > 30
+    heldout = {e["prompt"] for e in task.heldout(4)}
+    assert not heldout & {e["prompt"] for e in task.train}
 
 
 @pytest.mark.parametrize(
@@ -172,3 +166,34 @@ def test_pass_at_one_from_eval_is_the_mean_correct_rate(tmp_path, capsys):
     assert 0 <= row["eval/pass@1"] <= row["eval/pass@4"] <= 1
     assert math.isfinite(row["eval/completion_tokens"])
     assert np.isclose(row["eval/prompts"], 8)
+
+
+def test_parquet_and_jsonl_files_give_the_same_examples(tmp_path):
+    import pyarrow
+    import pyarrow.parquet
+
+    rows = [{"prompt": f"{a} + 1 = ?", "answer": str(a + 1), "level": a % 3} for a in range(5)]
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), tmp_path / "q.parquet")
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert load_examples(tmp_path / "q.parquet") == load_examples(tmp_path / "q.jsonl") == rows
+    (tmp_path / "q.csv").write_text("prompt\n")
+    with pytest.raises(ValueError, match=r"q.csv: expected a .jsonl or .parquet file"):
+        load_examples(tmp_path / "q.csv")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet: cannot read as Parquet"):
+        load_examples(tmp_path / "bad.parquet")
+
+
+def test_the_chat_template_renders_the_system_prompt_and_the_messages():
+    tokenizer = load_tokenizer(CHAT)
+    task = Dataset([{"prompt": "2+2?", "answer": "4"}] * 3, heldout=0)
+    prompter = Prompter(task, tokenizer, system_prompt="Be brief.")
+    assert prompter.text({"prompt": "2+2?"}) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    own = [{"role": "system", "content": "Mine."}, {"role": "user", "content": "2+2?"}]
+    assert prompter.text({"prompt": own}).startswith("<|im_start|>system\nMine.<|im_end|>")
+    assert tokenizer.decode(prompter.encode({"prompt": "2+2?"})) == prompter.text(
+        {"prompt": "2+2?"}
+    )
