@@ -33,6 +33,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from importlib.metadata import entry_points
@@ -160,9 +161,11 @@ def equivalent(answer: str, reference: str) -> bool:
     if left is not None and right is not None:
         return left == right
     verify = _math_verify()
-    gold = verify.parse(f"${reference}$", parsing_timeout=None)
-    guess = verify.parse(f"${answer}$", parsing_timeout=None)
-    return bool(gold and guess and verify.verify(gold, guess, timeout_seconds=None))
+    # math-verify bounds its work with SIGALRM, which only the main thread can set
+    seconds = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = verify.parse(f"${reference}$", parsing_timeout=seconds)
+    guess = verify.parse(f"${answer}$", parsing_timeout=seconds)
+    return bool(gold and guess and verify.verify(gold, guess, timeout_seconds=seconds))
 
 
 def math_answer(
