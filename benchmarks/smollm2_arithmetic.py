@@ -24,8 +24,8 @@ import numpy as np
 
 from dew.evaluation import evaluate
 from dew.train import TrainConfig
-from dew.train.trainer import Trainer
 from dew.train.config import CHECKPOINT_DEFAULTS
+from dew.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smollm2_arithmetic.json"
