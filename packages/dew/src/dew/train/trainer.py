@@ -479,7 +479,7 @@ def train(
 def greedy_reward(
     graphdef, params, prompter: Prompter, config: TrainConfig, n: int | None = None
 ) -> float:
-    """The mean reward of greedy completions of the task's held-out prompts (NaN without any).
+    """The mean reward of greedy completions of the task's held-out prompts (NaN if none fits).
 
     `n` prompts, by default `--prompts` times `--group`.
 
@@ -496,7 +496,7 @@ def greedy_reward(
     """
     options = config.rollout
     n = n or options.prompts * max(options.group, 1)
-    if not prompter.task.heldout(n):
+    if not any(prompter.count(e) <= prompter.width for e in prompter.task.heldout(n)):
         return float("nan")
     metrics = evaluate_policy(
         graphdef,
