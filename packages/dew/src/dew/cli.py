@@ -229,6 +229,25 @@ def _add_field(parser, name: str, annotation, text: str, default) -> None:
         )
 
 
+def process_parser() -> argparse.ArgumentParser:
+    """The flags every command takes: how the process runs, not what it computes.
+
+    Examples:
+      >>> process_parser().parse_known_args(["--no-compile-cache", "--steps", "3"])[0]
+      Namespace(compile_cache=False)
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "--compile-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep compiled programs in JAX's persistent cache, so the next run starts at once "
+        "(default: on; the folder is $JAX_COMPILATION_CACHE_DIR, else the user's cache "
+        "directory)",
+    )
+    return parser
+
+
 def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParser:
     """The parser of `dew train`, with the objective's flags when its class is known.
 
@@ -239,11 +258,13 @@ def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParse
       ...     epsilon: float = 0.2
       ...     whiten: bool = True
       >>> parser = train_parser(Clipped, TrainConfig())
-      >>> vars(parser.parse_args(["--epsilon", "0.1", "--no-whiten", "--steps", "5"]))
+      >>> args = vars(parser.parse_args(["--epsilon", "0.1", "--no-whiten", "--steps", "5"]))
+      >>> {name: value for name, value in args.items() if name != "compile_cache"}
       {'quiet': False, 'objective.epsilon': 0.1, 'objective.whiten': False, 'steps': 5}
     """
     parser = argparse.ArgumentParser(
         prog="dew train",
+        parents=[process_parser()],
         description="Train a policy on a task; writes config.json, metrics.jsonl, checkpoints/ "
         "and reward.png to the run folder.",
         exit_on_error=False,
@@ -351,6 +372,7 @@ def parse_train(argv: list[str]):
     except argparse.ArgumentError as error:
         raise CommandError(str(error)) from error
     quiet = args.pop("quiet", False)
+    args.pop("compile_cache")
     options = dict(saved.get("objective_options", {})) if saved.get("objective") == name else {}
     options.update({k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("objective.")})
     tasks = task_values(args, saved)
@@ -398,6 +420,7 @@ def command_sample(argv: list[str]) -> int:
     """Run `dew sample`; the exit status."""
     parser = argparse.ArgumentParser(
         prog="dew sample",
+        parents=[process_parser()],
         description="Print prompts of a task with a model's completions: a trained run's "
         "(--run) or a model as it is (--model).",
         exit_on_error=False,
@@ -439,6 +462,7 @@ def eval_parser() -> argparse.ArgumentParser:
     """The parser of `dew eval`."""
     parser = argparse.ArgumentParser(
         prog="dew eval",
+        parents=[process_parser()],
         description="Evaluate a run's policy (a run folder) or a model on a task's held-out "
         "examples: mean reward, pass@1, pass@k, maj@k and completion length.",
         exit_on_error=False,
@@ -522,6 +546,7 @@ def command_export(argv: list[str]) -> int:
     """Run `dew export`: write a run's policy as a Hugging Face folder; the exit status."""
     parser = argparse.ArgumentParser(
         prog="dew export",
+        parents=[process_parser()],
         description="Write a run's policy (LoRA adapters merged) as a Hugging Face model folder "
         "that transformers and `--model FOLDER` load.",
         exit_on_error=False,
@@ -558,7 +583,10 @@ def command_chat(argv: list[str]) -> int:
     and the answer decoded until the template's end-of-turn token.
     """
     parser = argparse.ArgumentParser(
-        prog="dew chat", description="Answer one message with a chat model.", exit_on_error=False
+        prog="dew chat",
+        parents=[process_parser()],
+        description="Answer one message with a chat model.",
+        exit_on_error=False,
     )
     parser.add_argument("message", help="the user's message")
     parser.add_argument(
@@ -694,6 +722,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
     command = COMMANDS[argv[0]]
+    if not {"-h", "--help"} & set(argv):
+        from dew.compile_cache import use_compile_cache
+
+        use_compile_cache(process_parser().parse_known_args(argv[1:])[0].compile_cache)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
