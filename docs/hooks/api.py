@@ -11,6 +11,7 @@ import html
 import importlib
 import inspect
 import re
+import types
 
 MARKER = re.compile(r"<!-- api: (?P<module>[\w.]+)(?: heading=(?P<heading>\d))? -->")
 
@@ -30,11 +31,16 @@ def table_cell(text: str) -> str:
     return re.sub(r"`([^`]+)`", code, text).replace("|", "&#124;")
 
 
+def _is_callable(obj) -> bool:
+    """Whether `obj` is documented as a callable: a type alias (`tuple[int, ...]`) is a constant."""
+    return callable(obj) and not isinstance(obj, types.GenericAlias)
+
+
 def public_names(module_name: str) -> tuple[list[str], list[str]]:
     """The module's `__all__`, split into callables and constants, each sorted by name."""
     module = importlib.import_module(module_name)
     names = sorted(module.__all__, key=lambda name: (name.lower(), name))
-    callables = [name for name in names if callable(getattr(module, name))]
+    callables = [name for name in names if _is_callable(getattr(module, name))]
     constants = [name for name in names if name not in callables]
     return callables, constants
 

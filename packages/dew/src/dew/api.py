@@ -1,7 +1,7 @@
 """Dew's public surface: the names a user of the core needs, from one import.
 
-`from dew.api import train, TrainConfig` and the rest. Every other module's `__all__` documents
-its room for readers of the code; the names here are the ones that stay stable.
+`from dew.api import train, TrainConfig` and the rest. Each room's `__all__` holds these names and
+what using that piece on its own needs; every other name starts with `_` and is internal.
 
 Examples:
   >>> from dew.api import TrainConfig, load_objective
