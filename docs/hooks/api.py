@@ -3,8 +3,10 @@
 A page writes `<!-- api: MODULE -->` (optionally `<!-- api: MODULE heading=3 -->`); the hook
 replaces it with a **Name | Summary** table of the module's public functions and classes, in
 alphabetical order, each name linking to its entry, then one mkdocstrings block per public name
-(signature, docstring, collapsible source), constants last. Nothing is copied by hand, so the docs
-cannot drift from the code, and a name added to `__all__` appears without touching the page.
+(signature, docstring, collapsible source), constants last. The table sits in a `div.api-summary`,
+which `docs/assets/math.css` stacks into one block per name on a narrow screen. Nothing is copied
+by hand, so the docs cannot drift from the code, and a name added to `__all__` appears without
+touching the page.
 """
 
 import html
@@ -61,7 +63,8 @@ def api_section(module_name: str, heading: int) -> str:
     if constants:
         blocks.append(f"{'#' * heading} Constants\n")
         blocks += [f"::: {module_name}.{name}\n{options}" for name in constants]
-    return "\n".join(lines) + "\n\n" + "\n".join(blocks)
+    table = '<div class="api-summary" markdown>\n\n' + "\n".join(lines) + "\n\n</div>"
+    return table + "\n\n" + "\n".join(blocks)
 
 
 def on_page_markdown(markdown: str, **_) -> str:
@@ -70,3 +73,17 @@ def on_page_markdown(markdown: str, **_) -> str:
         lambda m: api_section(m["module"], int(m["heading"] or 2)),
         markdown,
     )
+
+
+# The text of an object's name in its heading, and of an entry in the navigation and the table of
+# contents: the only places a long identifier meets a narrow column outside a code block.
+NAME_TEXT = re.compile(r'(<span class="(?:doc doc-object-name[^"]*|md-ellipsis)">)([^<]*)(</span>)')
+
+
+def on_post_page(output: str, **_) -> str:
+    """Let a long identifier wrap after an underscore, not mid-word nor cut off with an ellipsis.
+
+    `reinforce_plus_plus_baseline_advantage` is wider than a phone's heading and than the table of
+    contents; `<wbr>` after each `_` gives the browser a place to break it between its words.
+    """
+    return NAME_TEXT.sub(lambda m: m[1] + m[2].replace("_", "_<wbr>") + m[3], output)
