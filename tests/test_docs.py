@@ -152,6 +152,12 @@ def test_long_names_break_between_words_and_summary_tables_can_stack(site, modul
     assert page.count('<div class="api-summary">') == page.count("<th>Summary</th>")
 
 
+def test_a_flag_in_inline_code_is_never_split_at_its_hyphens(site):
+    page = (site / "objectives/index.html").read_text()
+    assert '<code>dew train <span class="nowrap">--objective</span> NAME</code>' in page
+    assert not re.search(r"(?<!<span></span>)<code>[^<]*--", page)
+
+
 @pytest.mark.parametrize("module", PAGES)
 def test_every_public_callable_has_a_docstring_with_a_summary_and_an_example(module):
     imported = importlib.import_module(module)

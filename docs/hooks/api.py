@@ -80,10 +80,22 @@ def on_page_markdown(markdown: str, **_) -> str:
 NAME_TEXT = re.compile(r'(<span class="(?:doc doc-object-name[^"]*|md-ellipsis)">)([^<]*)(</span>)')
 
 
+# Inline code (a code block's `<code>` follows `<pre><span></span>`), and a hyphenated token in it.
+INLINE_CODE = re.compile(r"(?<!<span></span>)<code>([^<]*)</code>")
+HYPHENATED = re.compile(r"[\w.]*-[\w.-]*\w")
+
+
+def unbroken(match: re.Match) -> str:
+    """Inline code whose flags and hyphenated names (`--tis-cap`) are kept on one line."""
+    return "<code>" + HYPHENATED.sub(r'<span class="nowrap">\g<0></span>', match[1]) + "</code>"
+
+
 def on_post_page(output: str, **_) -> str:
-    """Let a long identifier wrap after an underscore, not mid-word nor cut off with an ellipsis.
+    """Long names wrap between their words only: never mid-word, never cut off with an ellipsis.
 
     `reinforce_plus_plus_baseline_advantage` is wider than a phone's heading and than the table of
-    contents; `<wbr>` after each `_` gives the browser a place to break it between its words.
+    contents; `<wbr>` after each `_` gives the browser a place to break it between its words. A
+    browser also breaks after a hyphen, which split `--objective` into `-` and `-objective`.
     """
-    return NAME_TEXT.sub(lambda m: m[1] + m[2].replace("_", "_<wbr>") + m[3], output)
+    output = NAME_TEXT.sub(lambda m: m[1] + m[2].replace("_", "_<wbr>") + m[3], output)
+    return INLINE_CODE.sub(unbroken, output)
