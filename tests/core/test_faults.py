@@ -56,6 +56,19 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
 """
 
+FULL_DISK_AT_THE_NEXT_METRICS_ROW = """
+from dew.train.runlog import MetricsFile
+
+real_append = MetricsFile.append
+
+def append(self, row):
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+    real_append(self, row)
+
+MetricsFile.append = append
+"""
+
 KILL_IN_THE_MIDDLE_OF_THE_SAVE = """
 # The data files of step 2 are written; the kill lands before the folder is renamed into place.
 from orbax.checkpoint._src.path import atomicity
@@ -122,18 +135,27 @@ def assert_one_line_error(done: subprocess.CompletedProcess, returncode: int) ->
     return done.stderr.strip().splitlines()[-1]
 
 
-def test_a_real_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
-    tmp_path, compile_cache
+@pytest.mark.parametrize(
+    ("fault", "message", "kept"),
+    [
+        (FULL_DISK, "could not write the checkpoint of step 2 in {run}/checkpoints", 1),
+        (FULL_DISK_AT_THE_NEXT_METRICS_ROW, "could not write the metrics of step 3 in {run}", 2),
+    ],
+    ids=["during-a-save", "at-a-metrics-row"],
+)
+def test_a_real_full_disk_is_one_line_and_keeps_the_last_checkpoint(
+    tmp_path, compile_cache, fault, message, kept
 ):
     run = tmp_path / "run"
     argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
-    done = run_child(tmp_path, compile_cache, argv, FULL_DISK)
+    done = run_child(tmp_path, compile_cache, argv, fault)
     error = assert_one_line_error(done, 1)
-    assert error.startswith(f"dew: could not write the checkpoint of step 2 in {run}/checkpoints:")
-    assert "File too large; checkpoint of step 1 kept" in error
+    assert (
+        error == f"dew: {message.format(run=run)}: File too large; checkpoint of step {kept} kept"
+    )
     # reward.png cannot be written either: a warning, which does not hide the error.
     assert len(done.stderr.strip().splitlines()) <= 2, done.stderr
-    assert Checkpoints(run / "checkpoints").latest_step() == 1
+    assert Checkpoints(run / "checkpoints").latest_step() == kept
 
 
 def test_real_out_of_memory_names_the_settings_to_lower(tmp_path, compile_cache):
