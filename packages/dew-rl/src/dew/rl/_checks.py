@@ -65,20 +65,19 @@ def concrete(value) -> np.ndarray | None:
     return np.asarray(value)
 
 
-def check_hyperparameter(function: str, name: str, value, valid: Range) -> np.ndarray | None:
-    """Raise unless a concrete `value` is a number inside `valid`; return its value, or None.
+def check_hyperparameter(function: str, name: str, value, valid: Range) -> None:
+    """Raise unless a concrete `value` is a number inside `valid`.
 
-    Traced values pass unchecked and return None: their value is unknown at trace time.
+    A traced value passes unchecked: it is unknown at trace time.
     """
     known = concrete(value)
     if known is None:
-        return None
+        return
     if known.dtype == bool or not jnp.issubdtype(known.dtype, jnp.number):
         raise ValueError(f"{function}: {name} must be a number, got {value!r}")
     if not valid.contains(known):
         shown = known.item() if known.size == 1 else known.tolist()
         raise ValueError(f"{function}: {name} must be {valid.describe()}, got {shown}")
-    return known
 
 
 def check_ordered(function: str, smaller: str, small, larger: str, large, *, strict: bool) -> None:
