@@ -141,6 +141,25 @@ def test_every_public_name_has_its_anchor_in_the_site(site, module):
 
 
 @pytest.mark.parametrize("module", PAGES)
+def test_long_names_break_between_words_and_summary_tables_can_stack(site, module):
+    """Headings and contents entries break a name only after `_`; the table stacks on a phone."""
+    page = (site / PAGES[module]).read_text()
+    names = re.findall(
+        r'<span class="(?:doc doc-object-name[^"]*|md-ellipsis)">(.*?)</span>', page, re.S
+    )
+    assert names
+    for name in names:
+        assert "_" not in name.replace("_<wbr>", ""), name
+    assert page.count('<div class="api-summary">') == page.count("<th>Summary</th>")
+
+
+def test_a_flag_in_inline_code_is_never_split_at_its_hyphens(site):
+    page = (site / "objectives/index.html").read_text()
+    assert '<code>dew train <span class="nowrap">--objective</span> NAME</code>' in page
+    assert not re.search(r"(?<!<span></span>)<code>[^<]*--", page)
+
+
+@pytest.mark.parametrize("module", PAGES)
 def test_every_public_callable_has_a_docstring_with_a_summary_and_an_example(module):
     imported = importlib.import_module(module)
     for name in public_names(module)[0]:

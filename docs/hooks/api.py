@@ -3,14 +3,17 @@
 A page writes `<!-- api: MODULE -->` (optionally `<!-- api: MODULE heading=3 -->`); the hook
 replaces it with a **Name | Summary** table of the module's public functions and classes, in
 alphabetical order, each name linking to its entry, then one mkdocstrings block per public name
-(signature, docstring, collapsible source), constants last. Nothing is copied by hand, so the docs
-cannot drift from the code, and a name added to `__all__` appears without touching the page.
+(signature, docstring, collapsible source), constants last. The table sits in a `div.api-summary`,
+which `docs/assets/math.css` stacks into one block per name on a narrow screen. Nothing is copied
+by hand, so the docs cannot drift from the code, and a name added to `__all__` appears without
+touching the page.
 """
 
 import html
 import importlib
 import inspect
 import re
+import types
 
 MARKER = re.compile(r"<!-- api: (?P<module>[\w.]+)(?: heading=(?P<heading>\d))? -->")
 
@@ -30,11 +33,16 @@ def table_cell(text: str) -> str:
     return re.sub(r"`([^`]+)`", code, text).replace("|", "&#124;")
 
 
+def _is_callable(obj) -> bool:
+    """Whether `obj` is documented as a callable: a type alias (`tuple[int, ...]`) is a constant."""
+    return callable(obj) and not isinstance(obj, types.GenericAlias)
+
+
 def public_names(module_name: str) -> tuple[list[str], list[str]]:
     """The module's `__all__`, split into callables and constants, each sorted by name."""
     module = importlib.import_module(module_name)
     names = sorted(module.__all__, key=lambda name: (name.lower(), name))
-    callables = [name for name in names if callable(getattr(module, name))]
+    callables = [name for name in names if _is_callable(getattr(module, name))]
     constants = [name for name in names if name not in callables]
     return callables, constants
 
@@ -55,7 +63,8 @@ def api_section(module_name: str, heading: int) -> str:
     if constants:
         blocks.append(f"{'#' * heading} Constants\n")
         blocks += [f"::: {module_name}.{name}\n{options}" for name in constants]
-    return "\n".join(lines) + "\n\n" + "\n".join(blocks)
+    table = '<div class="api-summary" markdown>\n\n' + "\n".join(lines) + "\n\n</div>"
+    return table + "\n\n" + "\n".join(blocks)
 
 
 def on_page_markdown(markdown: str, **_) -> str:
@@ -64,3 +73,29 @@ def on_page_markdown(markdown: str, **_) -> str:
         lambda m: api_section(m["module"], int(m["heading"] or 2)),
         markdown,
     )
+
+
+# The text of an object's name in its heading, and of an entry in the navigation and the table of
+# contents: the only places a long identifier meets a narrow column outside a code block.
+NAME_TEXT = re.compile(r'(<span class="(?:doc doc-object-name[^"]*|md-ellipsis)">)([^<]*)(</span>)')
+
+
+# Inline code (a code block's `<code>` follows `<pre><span></span>`), and a hyphenated token in it.
+INLINE_CODE = re.compile(r"(?<!<span></span>)<code>([^<]*)</code>")
+HYPHENATED = re.compile(r"[\w.]*-[\w.-]*\w")
+
+
+def unbroken(match: re.Match) -> str:
+    """Inline code whose flags and hyphenated names (`--tis-cap`) are kept on one line."""
+    return "<code>" + HYPHENATED.sub(r'<span class="nowrap">\g<0></span>', match[1]) + "</code>"
+
+
+def on_post_page(output: str, **_) -> str:
+    """Long names wrap between their words only: never mid-word, never cut off with an ellipsis.
+
+    `reinforce_plus_plus_baseline_advantage` is wider than a phone's heading and than the table of
+    contents; `<wbr>` after each `_` gives the browser a place to break it between its words. A
+    browser also breaks after a hyphen, which split `--objective` into `-` and `-objective`.
+    """
+    output = NAME_TEXT.sub(lambda m: m[1] + m[2].replace("_", "_<wbr>") + m[3], output)
+    return INLINE_CODE.sub(unbroken, output)

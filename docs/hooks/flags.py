@@ -1,7 +1,7 @@
 """mkdocs hook: the `dew train` flag table is rendered from the command's own parser.
 
 A page writes `<!-- flags: train -->`; the hook replaces it with one row per flag of
-`dew.cli.train_parser` (its default and help), so the table cannot drift from the command.
+`dew.cli._train_parser` (its default and help), so the table cannot drift from the command.
 """
 
 import argparse
@@ -12,10 +12,10 @@ MARKER = re.compile(r"<!-- flags: train -->")
 
 def flag_table() -> str:
     """The markdown table of `dew train`'s flags: flag, default, what it does."""
-    from dew.cli import train_parser
+    from dew.cli import _train_parser
     from dew.train import TrainConfig
 
-    parser = train_parser(None, TrainConfig())
+    parser = _train_parser(None, TrainConfig())
     lines = ["| flag | what |", "| --- | --- |"]
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from dew import cli
+from dew._traces import TRACES
 from dew.objectives.sft import SFT
 from dew.rollout import Sampled
-from dew.traces import TRACES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,10 +27,10 @@ class Knobs(SFT):
 
 @pytest.fixture
 def knobs(monkeypatch):
-    real = cli.objective_class
+    real = cli._objective_class
     monkeypatch.setattr(cli, "available_objectives", lambda: {"knobs": None, "sft": None})
     monkeypatch.setattr(
-        cli, "objective_class", lambda name: Knobs if name == "knobs" else real(name)
+        cli, "_objective_class", lambda name: Knobs if name == "knobs" else real(name)
     )
     return Knobs
 
@@ -78,7 +78,7 @@ def test_objective_flags_are_parsed_with_their_types(knobs):
         "--steps",
         "7",
     ]
-    config, _ = cli.parse_train(argv)
+    config, _ = cli._parse_train(argv)
     assert config.objective == "knobs" and config.run.steps == 7
     assert config.objective_options == {
         "scale": 0.5,
@@ -87,7 +87,7 @@ def test_objective_flags_are_parsed_with_their_types(knobs):
         "whiten": False,
         "mode": "sum",
     }
-    config, _ = cli.parse_train(["--objective", "knobs"])
+    config, _ = cli._parse_train(["--objective", "knobs"])
     assert config.objective_options == {} and config.rollout.group == 8 and config.task == "reverse"
 
 
@@ -183,11 +183,11 @@ def test_the_installed_command_exits_non_zero_without_a_traceback():
 
 
 def test_every_config_option_is_a_flag_with_its_help(capsys):
-    from dew.train.config import SECTIONS, TrainConfig
+    from dew.train.config import _SECTIONS, TrainConfig
 
-    parser = cli.train_parser(None, TrainConfig())
+    parser = cli._train_parser(None, TrainConfig())
     flags = {flag for action in parser._actions for flag in action.option_strings}
-    for cls in SECTIONS.values():
+    for cls in _SECTIONS.values():
         for field in dataclasses.fields(cls):
             assert "--" + field.name.replace("_", "-") in flags, field.name
     helps = [action.help for action in parser._actions if action.option_strings]

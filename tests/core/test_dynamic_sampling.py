@@ -5,12 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from dew._traces import TRACES
 from dew.rewards import Reward
 from dew.rollout import DynamicSampling, Rollout
-from dew.rollout.sources import informative_groups, take_groups
+from dew.rollout.sources import _informative_groups, _take_groups
 from dew.tasks import Reverse
 from dew.tasks.digits import answer_credit
-from dew.traces import TRACES
 from dew.train import TrainConfig, train
 
 
@@ -43,8 +43,8 @@ def dynamic(reinforce):
 
 def test_informative_groups_are_those_whose_rewards_differ():
     rewards = np.array([1.0, 1.0, 0.0, 0.5, 0.25, 0.25, 0.0, 0.0])
-    np.testing.assert_array_equal(informative_groups(rewards, 2), [False, True, False, False])
-    np.testing.assert_array_equal(informative_groups(rewards, 4), [True, True])
+    np.testing.assert_array_equal(_informative_groups(rewards, 2), [False, True, False, False])
+    np.testing.assert_array_equal(_informative_groups(rewards, 4), [True, True])
 
 
 def test_take_groups_keeps_whole_groups_in_the_order_asked():
@@ -56,7 +56,7 @@ def test_take_groups_keeps_whole_groups_in_the_order_asked():
             rewards=rows[:, 0].astype(np.float32), reward_parts={}, sample_s=0.0,
         )  # fmt: skip
 
-    batch = take_groups([part(0), part(10)], [(1, 1), (0, 0)], group=2)
+    batch = _take_groups([part(0), part(10)], [(1, 1), (0, 0)], group=2)
     np.testing.assert_array_equal(batch.tokens[:, 0], [12, 13, 0, 1])
     np.testing.assert_array_equal(batch.rewards, [12.0, 13.0, 0.0, 1.0])
     assert batch.group == 2 and batch.size == 4
@@ -75,14 +75,14 @@ def test_dropped_groups_are_refilled_from_fresh_rollouts(tmp_path, dynamic):
     before = TRACES.get("update", 0)
     rows = run(tmp_path, dynamic(max_refills=6)).history
     assert all(row["refills"] >= 1 for row in rows)
-    assert all(row["informative_groups"] == 1.0 for row in rows), rows
+    assert all(row["_informative_groups"] == 1.0 for row in rows), rows
     assert TRACES["update"] - before == 1  # every step's batch has the same shapes
 
 
 def test_without_refills_the_batch_is_padded_with_dropped_groups(tmp_path, dynamic):
     rows = run(tmp_path, dynamic(max_refills=0)).history
     assert all(row["refills"] == 0 for row in rows)
-    assert all(0 < row["informative_groups"] < 1 for row in rows), rows
+    assert all(0 < row["_informative_groups"] < 1 for row in rows), rows
 
 
 def test_objectives_without_dynamic_sampling_keep_every_group(tmp_path, reinforce):

@@ -9,7 +9,7 @@ from flax import nnx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dew.evaluation import evaluate, majority_correct, pass_at_k
+from dew.evaluation import _majority_correct, evaluate, pass_at_k
 from dew.models.llama import build
 from dew.models.registry import SIZES
 from dew.rewards import Reward
@@ -42,9 +42,9 @@ def test_pass_at_k_checks_its_arguments(n, c, k):
 
 
 def test_majority_ignores_samples_without_an_answer():
-    assert majority_correct([None, None, "3"], [False, False, True])
-    assert not majority_correct([None, None], [False, False])
-    assert majority_correct(["2", "3", "3", "2"], [True, False, False, True])  # tie: first
+    assert _majority_correct([None, None, "3"], [False, False, True])
+    assert not _majority_correct([None, None], [False, False])
+    assert _majority_correct(["2", "3", "3", "2"], [True, False, False, True])  # tie: first
 
 
 def fixed_policy_run(reward_function, k, temperature=1.0):

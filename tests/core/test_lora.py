@@ -18,9 +18,9 @@ from dew.models.lora import LORA_MODULES, add_lora, has_lora, merge_lora
 from dew.models.outputs import log_probs
 from dew.models.registry import resolve_model
 from dew.train import TrainConfig
-from dew.train.checkpoint import Checkpoints, flatten
+from dew.train.checkpoint import Checkpoints, _flatten
 from dew.train.trainer import Trainer
-from dew.train.update import rollout_fields
+from dew.train.update import _rollout_fields
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
 TOKENS = jnp.array([[1, 5, 6, 2, 7, 9], [3, 4, 4, 8, 1, 1]])
@@ -112,12 +112,12 @@ def test_a_lora_run_trains_only_its_adapters_and_resumes_bit_exactly(tmp_path, r
     ]
     assert rows[0] == rows[1] and [row["step"] for row in rows[1]] == [1, 2, 3, 4]
 
-    trained = flatten(straight.params)
+    trained = _flatten(straight.params)
     assert trained and all(".lora.lora_" in name for name in trained)
     adam = sum(x.size for x in jax.tree.leaves(straight.opt_state))
     assert adam <= 2 * sum(x.size for x in trained.values()) + 8  # Adam's two moments, a count
-    base = flatten(nnx.to_pure_dict(nnx.state(resolve_model("tiny").policy(0))))
-    frozen = flatten(straight.frozen)
+    base = _flatten(nnx.to_pure_dict(nnx.state(resolve_model("tiny").policy(0))))
+    frozen = _flatten(straight.frozen)
     assert frozen.keys() == base.keys()
     assert all(np.array_equal(frozen[name], value) for name, value in base.items())
     checkpoints = Checkpoints(tmp_path / "a" / "run" / "checkpoints")
@@ -125,7 +125,7 @@ def test_a_lora_run_trains_only_its_adapters_and_resumes_bit_exactly(tmp_path, r
     checkpoints.close()
     # the reference is the base with the adapters off, though the adapters have moved
     batch = straight.rollout_phase(5).sampled.batch
-    filled = rollout_fields(
+    filled = _rollout_fields(
         straight.graphdef,
         straight.params,
         straight.ref_params,

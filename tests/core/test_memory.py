@@ -16,11 +16,11 @@ from dew.objectives.sft import SFT
 from dew.train.config import OptimizerOptions, UpdateOptions
 from dew.train.update import (
     UpdateSpec,
+    _outputs_of,
+    _rollout_fields,
+    _with_old_log_probs,
     make_update,
     optimizer,
-    outputs_of,
-    rollout_fields,
-    with_old_log_probs,
 )
 
 TOKENS = jnp.array([[1, 5, 6, 2, 7, 9, 3, 4, 8], [3, 4, 4, 8, 1, 1, 2, 12, 10]])
@@ -121,16 +121,16 @@ def test_one_update_per_rollout_skips_the_old_log_prob_pass():
     assert objective.seen == [False] and bool(metrics["finite"])  # no separate old pass
 
     def loss_of(params, filled):
-        outputs = outputs_of(graphdef, params, filled, False)
-        return objective.loss(outputs, with_old_log_probs(filled, outputs))[0]
+        outputs = _outputs_of(graphdef, params, filled, False)
+        return objective.loss(outputs, _with_old_log_probs(filled, outputs))[0]
 
-    fill = jax.jit(rollout_fields, static_argnums=(0, 4), static_argnames="old_log_probs")
+    fill = jax.jit(_rollout_fields, static_argnums=(0, 4), static_argnames="old_log_probs")
     assert fill(graphdef, params, None, batch, objective).old_log_probs is not None
     skipped = fill(graphdef, params, None, batch, objective, old_log_probs=False)
     assert skipped.old_log_probs is None
 
     def ratio_one(params):  # the loss with the ratio exactly 1: its gradient is the log-probs'
-        outputs = outputs_of(graphdef, params, skipped, False)
+        outputs = _outputs_of(graphdef, params, skipped, False)
         mask = skipped.completion_mask
         nll = SFT.loss(objective, outputs, skipped)[0]
         mean_lp = jnp.sum(jnp.where(mask, outputs.log_probs, 0.0)) / jnp.sum(mask)

@@ -11,7 +11,7 @@ from flax import nnx
 from dew.models.llama import ModelConfig, Policy, build, count_params
 from dew.models.outputs import log_probs, log_probs_and_values, token_log_probs
 from dew.models.registry import SIZES
-from dew.train.checkpoint import flatten
+from dew.train.checkpoint import _flatten
 
 TINY = SIZES["tiny"]
 
@@ -119,7 +119,7 @@ def test_values_are_aligned_with_log_probs():
 
 
 def test_parameter_names_follow_llama():
-    names = set(flatten(nnx.to_pure_dict(nnx.state(build(SIZES["default"], 0), nnx.Param))))
+    names = set(_flatten(nnx.to_pure_dict(nnx.state(build(SIZES["default"], 0), nnx.Param))))
     for name in [
         "embed_tokens.embedding",
         "layers.0.input_layernorm.weight",

@@ -9,11 +9,11 @@ import pytest
 from dew.rewards import (
     Reward,
     RewardError,
+    _parse_reward,
     final_answer,
     format,
     get_reward,
     math_answer,
-    parse_reward,
     score_texts,
 )
 
@@ -147,7 +147,7 @@ def test_rewards_are_found_by_module_and_function(tmp_path, monkeypatch):
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    reward = parse_reward("my_rewards:shorter=0.5")
+    reward = _parse_reward("my_rewards:shorter=0.5")
     assert reward.name == "shorter" and reward.weight == 0.5
     assert reward.function(["q"], ["abcde"]) == [-0.5]
     with pytest.raises(ValueError, match="--reward 'my_rewards:nope': 'my_rewards' has no 'nope'"):
@@ -175,7 +175,7 @@ def test_the_overlong_penalty_is_installed_by_the_objectives_distribution():
 )
 def test_bad_reward_specs_are_named(spec, message):
     with pytest.raises(ValueError, match=f"--reward '{spec}': {message}"):
-        parse_reward(spec)
+        _parse_reward(spec)
 
 
 def test_the_total_is_the_weighted_sum_and_none_adds_nothing():

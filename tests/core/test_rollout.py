@@ -12,7 +12,7 @@ from dew.models.llama import build
 from dew.models.registry import SIZES
 from dew.rewards import Reward
 from dew.rollout import Prompter, RewardError, rollout
-from dew.rollout.sources import corrupt, demonstrations, preferences
+from dew.rollout.sources import _corrupt, _demonstrations, _preferences
 from dew.tasks import Reverse, get_task
 from dew.tokenizers import DIGITS
 
@@ -132,7 +132,7 @@ def test_reward_functions_get_the_columns_the_text_and_the_ids(policy):
 
 def test_demonstrations_hold_the_correct_answers():
     examples = TASK.examples(np.random.default_rng(1), 5)
-    batch = demonstrations(PROMPTER, examples)
+    batch = _demonstrations(PROMPTER, examples)
     assert batch.group == 1 and batch.size == 5
     for row, example in enumerate(examples):
         tokens = np.asarray(batch.tokens[row])
@@ -143,7 +143,7 @@ def test_demonstrations_hold_the_correct_answers():
 
 def test_preferences_pair_the_answer_with_a_corrupted_one():
     examples = TASK.examples(np.random.default_rng(2), 6)
-    batch = preferences(PROMPTER, examples, np.random.default_rng(0))
+    batch = _preferences(PROMPTER, examples, np.random.default_rng(0))
     assert batch.group == 2 and batch.size == 12
     assert np.asarray(batch.rewards).tolist() == [1.0, 0.0] * 6
     for pair, example in enumerate(examples):
@@ -157,14 +157,14 @@ def test_preferences_pair_the_answer_with_a_corrupted_one():
 
 def test_preferences_take_chosen_and_rejected_columns_when_given():
     example = {"prompt": "^12>", "chosen": "21", "rejected": "99"}
-    batch = preferences(PROMPTER, [example], np.random.default_rng(0))
+    batch = _preferences(PROMPTER, [example], np.random.default_rng(0))
     texts = [DIGITS.decode(np.asarray(batch.tokens[r])) for r in (0, 1)]
     assert texts == ["^12>21$__", "^12>99$__"]  # padded to the widest prompt and answer
 
 
 def test_corrupt_changes_at_least_one_digit():
     rng = np.random.default_rng(0)
-    assert all(corrupt("5", rng) != "5" for _ in range(50))
+    assert all(_corrupt("5", rng) != "5" for _ in range(50))
 
 
 def test_over_long_prompts_are_dropped_and_drawn_again():

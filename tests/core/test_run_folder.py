@@ -16,9 +16,9 @@ from rich.console import Console
 from dew import cli
 from dew.options import ConfigError
 from dew.train import TrainConfig, train
+from dew.train._folder import RunLock
 from dew.train.checkpoint import Checkpoints
-from dew.train.folder import RunLock
-from dew.train.runlog import Display, read_metrics
+from dew.train.runlog import _Display, read_metrics
 
 COMMON = ["--objective", "sft", "--model", "tiny", "--prompts", "4", "--quiet"]
 
@@ -122,11 +122,11 @@ def test_without_a_terminal_progress_is_printed_by_time_too(monkeypatch):
     from dew.train import runlog
 
     out = io.StringIO()
-    display = Display(1000, 0, Console(file=out, force_terminal=False))
+    display = _Display(1000, 0, Console(file=out, force_terminal=False))
     row = {"reward": 0.5, "loss": 1.0, "steps_per_s": 2.0, "time": 1.0}
     display.update({**row, "step": 1})
     assert out.getvalue() == ""  # not a twentieth of the run yet, and too soon
-    monkeypatch.setattr(runlog, "PRINT_EVERY_S", 0.0)
+    monkeypatch.setattr(runlog, "_PRINT_EVERY_S", 0.0)
     display.update({**row, "step": 2})
     assert out.getvalue().startswith("step 2/1000")
 

@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew._traces import TRACES
 from dew.models.llama import build
 from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
-from dew.rollout import pad_prompts
-from dew.sampling import sample, sampling_log_probs
-from dew.traces import TRACES
+from dew.rollout.generate import _pad_prompts
+from dew.sampling import _sampling_log_probs, sample
 
 EOS, PAD = 2, 0
 MODEL = build(SIZES["tiny"], 0)
@@ -23,7 +23,7 @@ def prompts_and_lengths(seed=0, rows=64, width=6):
     prompts = [
         [1, *rng.integers(5, 15, size=rng.integers(1, width - 1)).tolist(), 3] for _ in range(rows)
     ]
-    padded, lengths = pad_prompts(prompts, width, PAD)
+    padded, lengths = _pad_prompts(prompts, width, PAD)
     return jnp.asarray(padded), jnp.asarray(lengths), prompts
 
 
@@ -91,12 +91,12 @@ def test_greedy_takes_the_argmax():
 
 def test_top_p_keeps_the_nucleus_and_renormalises():
     logits = jnp.log(jnp.array([[0.1, 0.5, 0.15, 0.25]]))
-    probs = jnp.exp(sampling_log_probs(logits, 1.0, 0.7))
+    probs = jnp.exp(_sampling_log_probs(logits, 1.0, 0.7))
     np.testing.assert_allclose(probs, [[0, 0.5 / 0.75, 0, 0.25 / 0.75]], atol=1e-6)
     np.testing.assert_allclose(
-        jnp.exp(sampling_log_probs(logits, 1.0, 1.0)), jnp.exp(logits), atol=1e-6
+        jnp.exp(_sampling_log_probs(logits, 1.0, 1.0)), jnp.exp(logits), atol=1e-6
     )
-    hot = jnp.exp(sampling_log_probs(logits, 2.0, 1.0))
+    hot = jnp.exp(_sampling_log_probs(logits, 2.0, 1.0))
     np.testing.assert_allclose(hot.sum(), 1.0, atol=1e-6)
     assert hot[0, 0] > 0.1  # a higher temperature flattens
 
@@ -104,7 +104,7 @@ def test_top_p_keeps_the_nucleus_and_renormalises():
 def test_top_p_sampling_records_the_renormalised_log_probs():
     out, _ = draw(top_p=0.5, temperature=0.8)
     logits = MODEL(out.tokens)[:, :-1]
-    nucleus = sampling_log_probs(logits, 0.8, 0.5)
+    nucleus = _sampling_log_probs(logits, 0.8, 0.5)
     picked = jnp.take_along_axis(nucleus, out.tokens[:, 1:, None], axis=-1)[..., 0]
     mask = out.completion_mask[:, 1:]
     np.testing.assert_allclose(

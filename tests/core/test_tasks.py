@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from dew.rollout import Prompter
 from dew.tasks import Add, Arithmetic, Reverse, get_task, position_credit, register_task
-from dew.tasks.arithmetic import problem
+from dew.tasks.arithmetic import _problem
 from dew.tokenizers import DIGITS
 
 BUILTINS = ["add", "copy", "reverse", "sort"]
@@ -153,7 +153,7 @@ def test_position_credit_needs_the_whole_answer():
 def test_arithmetic_problems_are_solved_by_their_worked_completion(level):
     rng = np.random.default_rng(level)
     for _ in range(200):
-        example = problem(rng, level)
+        example = _problem(rng, level)
         answer = int(example["answer"])
         assert answer >= 0
         assert example["completion"].endswith(f"The answer is {answer}.")

@@ -8,7 +8,7 @@ import pytest
 
 from dew.hf import load_tokenizer
 from dew.models.registry import resolve_model
-from dew.tokenizers import DIGITS, HFTokenizer, Tokenizer, end_of_turn_id
+from dew.tokenizers import DIGITS, HFTokenizer, Tokenizer, _end_of_turn_id
 
 FIXTURES = Path(__file__).parent / "hf"
 EXPECTED = json.loads((FIXTURES / "tokenizer" / "expected.json").read_text())
@@ -44,7 +44,7 @@ def test_special_ids_and_protocol(tokenizer):
         EXPECTED["pad_token_id"],
     )
     assert isinstance(tokenizer, Tokenizer) and isinstance(DIGITS, Tokenizer)
-    assert end_of_turn_id(tokenizer) == tokenizer.encode("<|im_end|>")[0]
+    assert _end_of_turn_id(tokenizer) == tokenizer.encode("<|im_end|>")[0]
 
 
 def test_no_chat_template_is_a_one_line_error(tmp_path):
@@ -82,5 +82,5 @@ def test_gguf_tokenizer_encodes_as_transformers(smollm2):
 
 def test_gguf_end_of_turn_is_im_end(smollm2):
     assert isinstance(smollm2, HFTokenizer)
-    assert end_of_turn_id(smollm2) == 2 == smollm2.encode("<|im_end|>")[0]
+    assert _end_of_turn_id(smollm2) == 2 == smollm2.encode("<|im_end|>")[0]
     assert smollm2.vocab_size == 49152

@@ -6,12 +6,12 @@ import jax
 import numpy as np
 import pytest
 
+from dew._traces import TRACES
 from dew.objectives.sft import SFT
 from dew.rewards import Reward
 from dew.rollout import RewardError
 from dew.tasks import Reverse
 from dew.tasks.digits import answer_credit
-from dew.traces import TRACES
 from dew.train import ConfigError, TrainConfig, TrainingError, train
 from dew.train.checkpoint import Checkpoints
 from dew.train.runlog import read_metrics

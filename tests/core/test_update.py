@@ -19,12 +19,12 @@ from dew.tokenizers import DIGITS
 from dew.train.config import OptimizerOptions, UpdateOptions
 from dew.train.update import (
     UpdateSpec,
-    combined_gradient,
+    _combined_gradient,
+    _outputs_of,
+    _rollout_fields,
+    _split_micro_batches,
     make_update,
     optimizer,
-    outputs_of,
-    rollout_fields,
-    split_micro_batches,
 )
 
 
@@ -50,7 +50,7 @@ def run_update(graphdef, params, batch, objective, micro_batches, updates=2):
 
 def loss_of(graphdef, objective):
     def loss(params, batch):
-        return objective.loss(outputs_of(graphdef, params, batch, False), batch)
+        return objective.loss(_outputs_of(graphdef, params, batch, False), batch)
 
     return loss
 
@@ -59,15 +59,15 @@ def loss_of(graphdef, objective):
 def test_micro_batches_combine_into_the_whole_batch_gradient(setup, objective, reinforce):
     graphdef, params, batch = setup
     chosen = SFT() if objective == "sft" else reinforce
-    filled = chosen.prepare(rollout_fields(graphdef, params, None, batch, chosen))
+    filled = chosen.prepare(_rollout_fields(graphdef, params, None, batch, chosen))
     gradient = jax.jit(
-        lambda micro: combined_gradient(
+        lambda micro: _combined_gradient(
             loss_of(graphdef, chosen), chosen.loss_weight, params, micro
         )
     )
-    whole, whole_metrics = gradient(split_micro_batches(filled, 1))
+    whole, whole_metrics = gradient(_split_micro_batches(filled, 1))
     for count in (2, 4):
-        parts, metrics = gradient(split_micro_batches(filled, count))
+        parts, metrics = gradient(_split_micro_batches(filled, count))
         for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-6)
         np.testing.assert_allclose(metrics["loss"], whole_metrics["loss"], atol=1e-6)
@@ -89,7 +89,7 @@ def test_a_mean_of_means_would_differ(setup):
     """The exact combination matters here: the micro-batches hold different token counts."""
     graphdef, params, batch = setup
     loss = loss_of(graphdef, SFT())
-    micro = split_micro_batches(batch, 2)
+    micro = _split_micro_batches(batch, 2)
     halves = [jax.tree.map(lambda x, k=k: x[k], micro) for k in range(2)]
     losses = [loss(params, half)[0] for half in halves]
     weights = [SFT().loss_weight(half) for half in halves]
@@ -102,16 +102,16 @@ def test_a_mean_of_means_would_differ(setup):
 def test_micro_batches_hold_whole_groups():
     rows = jnp.arange(12)
     batch = Batch(*(rows[:, None],) * 4, rewards=rows.astype(jnp.float32), group=3)
-    micro = split_micro_batches(batch, 2)
+    micro = _split_micro_batches(batch, 2)
     assert micro.rewards.tolist() == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
     assert micro.tokens.shape == (2, 6, 1)
     with pytest.raises(ValueError, match="do not split"):
-        split_micro_batches(batch, 3)
+        _split_micro_batches(batch, 3)
 
 
 def test_rollout_fields_are_the_current_policys(setup):
     graphdef, params, batch = setup
-    filled = rollout_fields(graphdef, params, params, batch, SFT())
+    filled = _rollout_fields(graphdef, params, params, batch, SFT())
     expected = log_probs(nnx.merge(graphdef, params), batch.tokens, batch.completion_mask)
     np.testing.assert_allclose(filled.old_log_probs, expected, atol=1e-6)
     assert filled.ref_log_probs is None and filled.values is None

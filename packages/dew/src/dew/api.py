@@ -1,7 +1,7 @@
 """Dew's public surface: the names a user of the core needs, from one import.
 
-`from dew.api import train, TrainConfig` and the rest. Every other module's `__all__` documents
-its room for readers of the code; the names here are the ones that stay stable.
+`from dew.api import train, TrainConfig` and the rest. Each room's `__all__` holds these names and
+what using that piece on its own needs; every other name starts with `_` and is internal.
 
 Examples:
   >>> from dew.api import TrainConfig, load_objective
@@ -10,6 +10,7 @@ Examples:
 """
 
 from dew.batch import Batch
+from dew.compile_cache import use_compile_cache
 from dew.evaluation import evaluate, pass_at_k
 from dew.inference import export_run, load_run, model_run, sample_run
 from dew.models import CausalLM
@@ -86,4 +87,5 @@ __all__ = [
     "sample",
     "sample_run",
     "train",
+    "use_compile_cache",
 ]

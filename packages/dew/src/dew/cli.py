@@ -20,12 +20,12 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from dew.objective import available_objectives, objective_class
+from dew.objective import _objective_class, available_objectives
 
-__all__ = ["CommandError", "build_parser", "main", "parse_train", "train_parser"]
+__all__ = ["main"]
 
 
-class CommandError(Exception):
+class _CommandError(Exception):
     """A user mistake on the command line; printed as one line, exit status 2."""
 
 
@@ -41,19 +41,19 @@ def _optional(parse):
     return parse_optional
 
 
-def field_parser(annotation) -> tuple[Any, bool]:
+def _field_parser(annotation) -> tuple[Any, bool]:
     """The argparse `type` for a dataclass field's annotation, and whether it is a bool.
 
     `float | None` and the like accept `none`.
 
     Examples:
-      >>> field_parser(float | None)[0]("none") is None, field_parser(int)[0]("3")
+      >>> _field_parser(float | None)[0]("none") is None, _field_parser(int)[0]("3")
       (True, 3)
     """
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        inner, is_bool = field_parser(args[0]) if len(args) == 1 else (str, False)
+        inner, is_bool = _field_parser(args[0]) if len(args) == 1 else (str, False)
         return (
             _optional(inner) if len(args) < len(typing.get_args(annotation)) else inner
         ), is_bool
@@ -66,7 +66,7 @@ def field_parser(annotation) -> tuple[Any, bool]:
     return str, False
 
 
-def field_help(cls: type) -> dict[str, str]:
+def _field_help(cls: type) -> dict[str, str]:
     """Each field's description from the `Attributes:` sections of `cls` and its bases.
 
     Google-style entries `name: text` (or `name, other: text`), continued on deeper-indented
@@ -81,7 +81,7 @@ def field_help(cls: type) -> dict[str, str]:
       ...         of the ratio.
       ...       beta: the KL coefficient.
       ...     \"\"\"
-      >>> field_help(Example)["high"], field_help(Example)["beta"]
+      >>> _field_help(Example)["high"], _field_help(Example)["beta"]
       ('the clip range of the ratio.', 'the KL coefficient.')
     """
     found: dict[str, str] = {}
@@ -108,18 +108,18 @@ def field_help(cls: type) -> dict[str, str]:
     return found
 
 
-def add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
+def _add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]:
     """Add one flag per dataclass field of objective class `cls`; the field names."""
     if not dataclasses.is_dataclass(cls):
         return []
     hints = typing.get_type_hints(cls)
-    described = field_help(cls)
+    described = _field_help(cls)
     group = parser.add_argument_group(f"{cls.__name__} options")
     names = []
     for field in dataclasses.fields(cls):
         if not field.init or typing.get_origin(hints.get(field.name)) is typing.ClassVar:
             continue
-        parse, is_bool = field_parser(hints.get(field.name, str))
+        parse, is_bool = _field_parser(hints.get(field.name, str))
         default = field.default
         if default is dataclasses.MISSING and field.default_factory is not dataclasses.MISSING:
             default = field.default_factory()
@@ -150,11 +150,11 @@ def add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str]
     return names
 
 
-def task_option(text: str) -> tuple[str, Any]:
+def _task_option(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` as a (key, value) pair, the value read as a Python literal when it is one.
 
     Examples:
-      >>> task_option("max_len=6"), task_option("mode=fast")
+      >>> _task_option("max_len=6"), _task_option("mode=fast")
       (('max_len', 6), ('mode', 'fast'))
     """
     key, sep, value = text.partition("=")
@@ -166,35 +166,35 @@ def task_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def reward_option(text: str) -> tuple[str, Any]:
+def _reward_option(text: str) -> tuple[str, Any]:
     """`NAME.KEY=VALUE` as a ("NAME.KEY", value) pair, the value read as a literal when it is one.
 
     Examples:
-      >>> reward_option("format.pattern=ok"), reward_option("mod:f.scale=2")
+      >>> _reward_option("format.pattern=ok"), _reward_option("mod:f.scale=2")
       (('format.pattern', 'ok'), ('mod:f.scale', 2))
     """
     key, sep, value = text.partition("=")
     name, dot, option_name = key.rpartition(".")
     if not sep or not dot or not name or not option_name.isidentifier():
         raise argparse.ArgumentTypeError(f"expected NAME.KEY=VALUE, got {text!r}")
-    return key, task_option(f"{option_name}={value}")[1]
+    return key, _task_option(f"{option_name}={value}")[1]
 
 
-def add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
     """One flag per option of `TrainConfig` and its sections, help and defaults from the code.
 
     A section's fields are flags of the same names (`rollout.top_p` is `--top-p`); booleans take
     `--name` and `--no-name`.
     """
-    from dew.train.config import SECTIONS, TrainConfig
+    from dew.train.config import _SECTIONS, TrainConfig
 
-    described = field_help(TrainConfig)
+    described = _field_help(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
-        if field.name in SECTIONS or field.name.endswith("_options") or field.name == "rewards":
+        if field.name in _SECTIONS or field.name.endswith("_options") or field.name == "rewards":
             continue
         _add_field(parser, field.name, str, described[field.name], getattr(defaults, field.name))
-    for section, cls in SECTIONS.items():
-        described = field_help(cls)
+    for section, cls in _SECTIONS.items():
+        described = _field_help(cls)
         hints = typing.get_type_hints(cls)
         group = parser.add_argument_group(f"{section} options")
         for field in dataclasses.fields(cls):
@@ -205,7 +205,7 @@ def add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
 def _add_field(parser, name: str, annotation, text: str, default) -> None:
     from dew.train.config import CHECKPOINT_DEFAULTS
 
-    parse, is_bool = field_parser(annotation)
+    parse, is_bool = _field_parser(annotation)
     text = text.rstrip(".")
     if is_bool:
         default = "on" if default else "off"
@@ -229,7 +229,26 @@ def _add_field(parser, name: str, annotation, text: str, default) -> None:
         )
 
 
-def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParser:
+def _process_parser() -> argparse.ArgumentParser:
+    """The flags every command takes: how the process runs, not what it computes.
+
+    Examples:
+      >>> _process_parser().parse_known_args(["--no-compile-cache", "--steps", "3"])[0]
+      Namespace(compile_cache=False)
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "--compile-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep compiled programs in JAX's persistent cache, so the next run starts at once "
+        "(default: on; the folder is $JAX_COMPILATION_CACHE_DIR, else the user's cache "
+        "directory)",
+    )
+    return parser
+
+
+def _train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParser:
     """The parser of `dew train`, with the objective's flags when its class is known.
 
     Examples:
@@ -238,31 +257,33 @@ def train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentParse
       ... class Clipped:
       ...     epsilon: float = 0.2
       ...     whiten: bool = True
-      >>> parser = train_parser(Clipped, TrainConfig())
-      >>> vars(parser.parse_args(["--epsilon", "0.1", "--no-whiten", "--steps", "5"]))
+      >>> parser = _train_parser(Clipped, TrainConfig())
+      >>> args = vars(parser.parse_args(["--epsilon", "0.1", "--no-whiten", "--steps", "5"]))
+      >>> {name: value for name, value in args.items() if name != "compile_cache"}
       {'quiet': False, 'objective.epsilon': 0.1, 'objective.whiten': False, 'steps': 5}
     """
     parser = argparse.ArgumentParser(
         prog="dew train",
+        parents=[_process_parser()],
         description="Train a policy on a task; writes config.json, metrics.jsonl, checkpoints/ "
         "and reward.png to the run folder.",
         exit_on_error=False,
     )
-    add_config_flags(parser, defaults)
-    add_task_flags(parser)
+    _add_config_flags(parser, defaults)
+    _add_task_flags(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     if objective_cls is not None:
-        add_objective_flags(parser, objective_cls)
+        _add_objective_flags(parser, objective_cls)
     return parser
 
 
-def add_task_flags(parser: argparse.ArgumentParser) -> None:
+def _add_task_flags(parser: argparse.ArgumentParser) -> None:
     """`--task-option`, `--reward` and `--reward-option`: the repeatable flags of a task."""
     parser.add_argument(
         "--task-option",
         dest="task_options",
         action="append",
-        type=task_option,
+        type=_task_option,
         default=argparse.SUPPRESS,
         metavar="KEY=VALUE",
         help="an argument of the task, repeatable (e.g. max_len=6 for the digit tasks)",
@@ -280,18 +301,18 @@ def add_task_flags(parser: argparse.ArgumentParser) -> None:
         "--reward-option",
         dest="reward_options",
         action="append",
-        type=reward_option,
+        type=_reward_option,
         default=argparse.SUPPRESS,
         metavar="NAME.KEY=VALUE",
         help="a keyword option of a reward function, repeatable (e.g. format.pattern=REGEX)",
     )
 
 
-def task_values(args: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+def _task_values(args: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
     """The task flags of parsed `args` over the `saved` run's: options merged, rewards replaced.
 
     Examples:
-      >>> task_values({"rewards": ["format"], "task_options": [("level", 2)]}, {})
+      >>> _task_values({"rewards": ["format"], "task_options": [("level", 2)]}, {})
       {'task_options': {'level': 2}, 'reward_options': {}, 'rewards': ('format',)}
     """
     values = {}
@@ -301,22 +322,22 @@ def task_values(args: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def newest_run(root: Path = Path("runs")) -> Path:
+def _newest_run(root: Path = Path("runs")) -> Path:
     """The most recent run folder under `root` that has a checkpoint (names are timestamps)."""
     runs = sorted(
         p for p in (root.glob("*") if root.exists() else []) if any(p.glob("checkpoints/*"))
     )
     if not runs:
-        raise CommandError(f"--resume: no run folder with a checkpoint under {root}/; pass --out")
+        raise _CommandError(f"--resume: no run folder with a checkpoint under {root}/; pass --out")
     print(f"dew: resuming {runs[-1]}, the newest run with a checkpoint", file=sys.stderr)
     return runs[-1]
 
 
-def parse_train(argv: list[str]):
+def _parse_train(argv: list[str]):
     """The `TrainConfig` and the `--quiet` flag of a `dew train` command line.
 
     Examples:
-      >>> config, quiet = parse_train(
+      >>> config, quiet = _parse_train(
       ...     ["--objective", "sft", "--steps", "3", "--task-option", "max_len=4", "--quiet"])
       >>> config.objective, config.run.steps, config.task_options, config.rollout.prompts, quiet
       ('sft', 3, {'max_len': 4}, 32, True)
@@ -334,26 +355,27 @@ def parse_train(argv: list[str]):
     known, _ = first.parse_known_args(argv)
     saved: dict[str, Any] = {}
     if known.resume:
-        run_dir = Path(known.out) if known.out else newest_run()
+        run_dir = Path(known.out) if known.out else _newest_run()
         try:
             saved = TrainConfig.from_record(read_config(run_dir)).flat()
         except FileNotFoundError as error:
-            raise CommandError(f"--resume: {error}") from error
+            raise _CommandError(f"--resume: {error}") from error
         saved["out"] = str(run_dir)
     name = known.objective or saved.get("objective") or defaults.objective
     if name not in available_objectives():
-        raise CommandError(
+        raise _CommandError(
             f"unknown objective {name!r}; available: {', '.join(available_objectives()) or 'none'}"
         )
-    cls = objective_class(name)
+    cls = _objective_class(name)
     try:
-        args = vars(train_parser(cls, defaults).parse_args(argv))
+        args = vars(_train_parser(cls, defaults).parse_args(argv))
     except argparse.ArgumentError as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     quiet = args.pop("quiet", False)
+    args.pop("compile_cache")
     options = dict(saved.get("objective_options", {})) if saved.get("objective") == name else {}
     options.update({k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("objective.")})
-    tasks = task_values(args, saved)
+    tasks = _task_values(args, saved)
     values = {k: v for k, v in saved.items() if not k.endswith("_options")}
     if not known.resume and args.get("model", defaults.model) not in SIZES:
         values.update(CHECKPOINT_DEFAULTS)
@@ -362,9 +384,9 @@ def parse_train(argv: list[str]):
     return defaults.replace(**values), quiet
 
 
-def command_train(argv: list[str]) -> int:
+def _command_train(argv: list[str]) -> int:
     """Run `dew train`; the exit status."""
-    config, quiet = parse_train(argv)
+    config, quiet = _parse_train(argv)
     from rich.console import Console
 
     from dew.rollout import RewardError
@@ -379,7 +401,7 @@ def command_train(argv: list[str]) -> int:
             on_start=lambda d: console.print(f"run folder: {d}", highlight=False, soft_wrap=True),
         )
     except ConfigError as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     except (RewardError, TrainingError) as error:
         print(f"dew: {error}", file=sys.stderr)
         return 1
@@ -394,10 +416,11 @@ def command_train(argv: list[str]) -> int:
     return 0
 
 
-def command_sample(argv: list[str]) -> int:
+def _command_sample(argv: list[str]) -> int:
     """Run `dew sample`; the exit status."""
     parser = argparse.ArgumentParser(
         prog="dew sample",
+        parents=[_process_parser()],
         description="Print prompts of a task with a model's completions: a trained run's "
         "(--run) or a model as it is (--model).",
         exit_on_error=False,
@@ -414,9 +437,9 @@ def command_sample(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     if args.n <= 0 or args.temperature < 0:
-        raise CommandError("--n must be > 0 and --temperature >= 0")
+        raise _CommandError("--n must be > 0 and --temperature >= 0")
     from dew.inference import load_run, model_run, sample_run
     from dew.train import TrainConfig
 
@@ -424,7 +447,7 @@ def command_sample(argv: list[str]) -> int:
         config = TrainConfig(task=args.task)
         run = load_run(args.run) if args.run else model_run(args.model, config)
     except (FileNotFoundError, ValueError) as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     if args.run:
         print(f"run {args.run}, step {run.step}, task {run.task.name}")
     else:
@@ -435,10 +458,11 @@ def command_sample(argv: list[str]) -> int:
     return 0
 
 
-def eval_parser() -> argparse.ArgumentParser:
+def _eval_parser() -> argparse.ArgumentParser:
     """The parser of `dew eval`."""
     parser = argparse.ArgumentParser(
         prog="dew eval",
+        parents=[_process_parser()],
         description="Evaluate a run's policy (a run folder) or a model on a task's held-out "
         "examples: mean reward, pass@1, pass@k, maj@k and completion length.",
         exit_on_error=False,
@@ -451,7 +475,7 @@ def eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--task", help="the task (default: the run's, else reverse)")
     parser.add_argument("--data", help="a .jsonl or .parquet file of examples, in place of --task")
-    add_task_flags(parser)
+    _add_task_flags(parser)
     parser.add_argument("--k", type=int, default=1, help="completions per prompt (default: 1)")
     parser.add_argument(
         "--prompts", type=int, default=64, help="held-out prompts at most (default: 64)"
@@ -466,14 +490,14 @@ def eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def command_eval(argv: list[str]) -> int:
+def _command_eval(argv: list[str]) -> int:
     """Run `dew eval`; the exit status."""
     try:
-        args = vars(eval_parser().parse_args(argv))
+        args = vars(_eval_parser().parse_args(argv))
     except argparse.ArgumentError as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     if args["k"] < 1 or args["prompts"] < 1 or args["temperature"] < 0:
-        raise CommandError("--k and --prompts must be >= 1 and --temperature >= 0")
+        raise _CommandError("--k and --prompts must be >= 1 and --temperature >= 0")
     import json
 
     import jax
@@ -488,7 +512,7 @@ def command_eval(argv: list[str]) -> int:
     try:
         saved = TrainConfig.from_record(read_config(model)).flat() if is_run else {}
         values = {k: v for k, v in saved.items() if not k.endswith("_options")}
-        values.update(task_values(args, saved))
+        values.update(_task_values(args, saved))
         if args["task"] or args["data"]:
             values.update(task=args["task"] or "reverse", data=args["data"])
         for name in ("system_prompt", "max_new_tokens"):
@@ -506,7 +530,7 @@ def command_eval(argv: list[str]) -> int:
             key=jax.random.key(args["seed"]),
         )
     except (FileNotFoundError, ValueError) as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     where = f"run {model}, step {run.step}" if is_run else f"model {model}"
     print(f"{where}, task {run.task.name}, k={args['k']}, temperature {args['temperature']}")
     for name, value in metrics.items():
@@ -518,10 +542,11 @@ def command_eval(argv: list[str]) -> int:
     return 0
 
 
-def command_export(argv: list[str]) -> int:
+def _command_export(argv: list[str]) -> int:
     """Run `dew export`: write a run's policy as a Hugging Face folder; the exit status."""
     parser = argparse.ArgumentParser(
         prog="dew export",
+        parents=[_process_parser()],
         description="Write a run's policy (LoRA adapters merged) as a Hugging Face model folder "
         "that transformers and `--model FOLDER` load.",
         exit_on_error=False,
@@ -532,33 +557,36 @@ def command_export(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     for flag in ("run", "out"):
         if getattr(args, flag) is None:
-            raise CommandError(f"--{flag} is required (dew export --run RUN --out FOLDER)")
+            raise _CommandError(f"--{flag} is required (dew export --run RUN --out FOLDER)")
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CommandError(f"--out {out} already holds files; choose a new or empty folder")
+        raise _CommandError(f"--out {out} already holds files; choose a new or empty folder")
     from dew.inference import export_run
 
     try:
         run = export_run(args.run, out, args.step)
     except (FileNotFoundError, ValueError) as error:
-        raise CommandError(f"--run {args.run}: {error}") from error
+        raise _CommandError(f"--run {args.run}: {error}") from error
     lora = run.config.get("lora", {}).get("lora_rank", 0)
     merged = f", LoRA rank {lora} merged" if lora else ""
     print(f"wrote {out}: {args.run} at step {run.step}{merged}")
     return 0
 
 
-def command_chat(argv: list[str]) -> int:
+def _command_chat(argv: list[str]) -> int:
     """Run `dew chat`: print a chat model's answer to one message; the exit status.
 
     The message is rendered with the model's chat template (its default system prompt included)
     and the answer decoded until the template's end-of-turn token.
     """
     parser = argparse.ArgumentParser(
-        prog="dew chat", description="Answer one message with a chat model.", exit_on_error=False
+        prog="dew chat",
+        parents=[_process_parser()],
+        description="Answer one message with a chat model.",
+        exit_on_error=False,
     )
     parser.add_argument("message", help="the user's message")
     parser.add_argument(
@@ -572,23 +600,23 @@ def command_chat(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     if args.max_new_tokens <= 0 or args.temperature < 0:
-        raise CommandError("--max-new-tokens must be > 0 and --temperature >= 0")
+        raise _CommandError("--max-new-tokens must be > 0 and --temperature >= 0")
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from dew.models.registry import resolve_model
     from dew.sampling import sample
-    from dew.tokenizers import end_of_turn_id
+    from dew.tokenizers import _end_of_turn_id
 
     try:
         source = resolve_model(args.model)
         policy, tokenizer = source.policy(args.seed), source.tokenizer()
         message = [{"role": "user", "content": args.message}]
         prompt = tokenizer.encode(tokenizer.apply_chat_template(message, True))
-        end = end_of_turn_id(tokenizer)
+        end = _end_of_turn_id(tokenizer)
         out = sample(
             policy,
             jnp.asarray([prompt]),
@@ -600,17 +628,17 @@ def command_chat(argv: list[str]) -> int:
             pad_id=tokenizer.pad_token_id,
         )
     except ValueError as error:
-        raise CommandError(str(error)) from error
+        raise _CommandError(str(error)) from error
     answer = np.asarray(out.tokens[0])[np.asarray(out.completion_mask[0])].tolist()
     print(tokenizer.decode(answer[:-1] if answer and answer[-1] == end else answer))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     """The top-level `dew` parser (its help lists the commands).
 
     Examples:
-      >>> parser = build_parser()
+      >>> parser = _build_parser()
       >>> parser.format_usage().strip()
       'usage: dew [-h] COMMAND ...'
       >>> parser.parse_args(["sample"]).command
@@ -641,12 +669,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {
-    "train": command_train,
-    "sample": command_sample,
-    "eval": command_eval,
-    "chat": command_chat,
-    "export": command_export,
+_COMMANDS = {
+    "train": _command_train,
+    "sample": _command_sample,
+    "eval": _command_eval,
+    "chat": _command_chat,
+    "export": _command_export,
 }
 
 
@@ -684,8 +712,8 @@ def main(argv: list[str] | None = None) -> int:
       >>> shutil.rmtree(out)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        parser = build_parser()
+    if not argv or argv[0] not in _COMMANDS:
+        parser = _build_parser()
         if not argv or argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
@@ -693,12 +721,16 @@ def main(argv: list[str] | None = None) -> int:
         known = "use train, sample, eval, chat or export"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
-    command = COMMANDS[argv[0]]
+    command = _COMMANDS[argv[0]]
+    if not {"-h", "--help"} & set(argv):
+        from dew.compile_cache import use_compile_cache
+
+        use_compile_cache(_process_parser().parse_known_args(argv[1:])[0].compile_cache)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return command(argv[1:])
-    except CommandError as error:
+    except _CommandError as error:
         print(f"dew: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -17,7 +17,7 @@ from flax import nnx
 
 from dew.rollout import Prompter, rollout
 
-__all__ = ["evaluate", "majority_correct", "pass_at_k"]
+__all__ = ["evaluate", "pass_at_k"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -39,15 +39,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> bool:
+def _majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> bool:
     """Whether the answer most samples state (ties: the first stated) is a correct one.
 
     Samples that state no answer (None) do not vote; with no votes the majority is wrong.
 
     Examples:
-      >>> majority_correct(["4", "5", "4", None], [True, False, True, False])
+      >>> _majority_correct(["4", "5", "4", None], [True, False, True, False])
       True
-      >>> majority_correct(["5", "5", "4"], [False, False, True])
+      >>> _majority_correct(["5", "5", "4"], [False, False, True])
       False
     """
     votes = Counter(answer for answer in answers if answer is not None)
@@ -122,7 +122,7 @@ def evaluate(
         f"eval/pass@{k}": float(np.mean([pass_at_k(k, int(c), k) for c in correct.sum(1)])),
         f"eval/maj@{k}": float(
             np.mean(
-                [majority_correct(list(a), list(c)) for a, c in zip(answers, correct, strict=True)]
+                [_majority_correct(list(a), list(c)) for a, c in zip(answers, correct, strict=True)]
             )
         ),
         "eval/completion_tokens": float(sampled.completion_mask.sum(1).mean()),

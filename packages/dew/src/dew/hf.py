@@ -37,6 +37,7 @@ from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
 from dew.tokenizers import HFTokenizer
 
 __all__ = [
+    "SHARD_BYTES",
     "CheckpointError",
     "load_policy",
     "load_tokenizer",

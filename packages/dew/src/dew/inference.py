@@ -18,11 +18,10 @@ from dew.models.registry import ModelSource, resolve_model
 from dew.rollout import Prompter, rollout
 from dew.tasks import Task
 from dew.train.checkpoint import Checkpoints
-from dew.train.config import TrainConfig, make_prompter, resolve_task
+from dew.train.config import TrainConfig, _make_prompter, _resolve_task
 from dew.train.runlog import read_config
 
 __all__ = [
-    "TOKENIZER_FILES",
     "Run",
     "export_run",
     "load_run",
@@ -31,7 +30,7 @@ __all__ = [
 ]
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 """The tokenizer files `export_run` copies from a checkpoint-folder model."""
 
 
@@ -52,7 +51,7 @@ class Run:
 
 
 def _prompter(config: TrainConfig, tokenizer) -> Prompter:
-    return make_prompter(config, resolve_task(config), tokenizer)
+    return _make_prompter(config, _resolve_task(config), tokenizer)
 
 
 def load_run(
@@ -146,7 +145,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     hf.save_policy(nnx.merge(run.graphdef, run.params), out)
     source = resolve_model(run.config["model"]).path
     if source is not None and source.is_dir():
-        for name in TOKENIZER_FILES:
+        for name in _TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, Path(out) / name)
     return run

@@ -14,7 +14,6 @@ from jax.sharding import PartitionSpec as P
 __all__ = [
     "AXIS",
     "batch_sharding",
-    "fsdp_spec",
     "make_mesh",
     "param_shardings",
     "replicated",
@@ -62,11 +61,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def fsdp_spec(shape: tuple[int, ...], size: int) -> P:
+def _fsdp_spec(shape: tuple[int, ...], size: int) -> P:
     """`P` sharding the largest axis of `shape` divisible by `size` over `"data"` (else replicated).
 
     Examples:
-      >>> fsdp_spec((16, 64), 8), fsdp_spec((3,), 8)
+      >>> _fsdp_spec((16, 64), 8), _fsdp_spec((3,), 8)
       (P(None, 'data'), P())
     """
     if size > 1:
@@ -89,7 +88,7 @@ def param_shardings(tree, mesh: Mesh, fsdp: bool = False):
     size = mesh.shape[AXIS]
 
     def one(x):
-        return NamedSharding(mesh, fsdp_spec(np.shape(x), size) if fsdp else P())
+        return NamedSharding(mesh, _fsdp_spec(np.shape(x), size) if fsdp else P())
 
     return jax.tree.map(one, tree)
 

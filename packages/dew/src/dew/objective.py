@@ -22,7 +22,6 @@ __all__ = [
     "Objective",
     "available_objectives",
     "load_objective",
-    "objective_class",
 ]
 
 ENTRY_POINT_GROUP = "dew.objectives"
@@ -84,13 +83,13 @@ def available_objectives() -> dict[str, Any]:
     return {point.name: point for point in sorted(found, key=lambda p: p.name)}
 
 
-def objective_class(name: str) -> type:
+def _objective_class(name: str) -> type:
     """The class registered as objective `name`, or `ValueError` listing the available ones.
 
     Examples:
-      >>> objective_class("sft").__name__
+      >>> _objective_class("sft").__name__
       'SFT'
-      >>> objective_class("nope")  # doctest: +ELLIPSIS
+      >>> _objective_class("nope")  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
       ValueError: unknown objective 'nope'; available: ...
@@ -111,4 +110,4 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
       >>> objective, objective.source
       (SFT(), Demonstrations())
     """
-    return objective_class(name)(**(options or {}))
+    return _objective_class(name)(**(options or {}))

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 __all__ = [
+    "ANSWER_TAGS",
     "ENTRY_POINT_GROUP",
     "Reward",
     "RewardError",
@@ -52,7 +53,6 @@ __all__ = [
     "format",
     "get_reward",
     "math_answer",
-    "parse_reward",
     "score_texts",
 ]
 
@@ -197,6 +197,7 @@ math_answer.extract = final_answer  # what `dew.evaluation` takes a majority vot
 
 
 ANSWER_TAGS = r"(?s)<answer>.+?</answer>"
+"""The pattern `format` looks for by default: an `<answer>...</answer>` span."""
 
 
 # Named as `--reward format` names it; this module calls no built-in `format`.
@@ -271,13 +272,13 @@ def get_reward(name: str, **options: Any) -> RewardFunction:
     return functools.partial(function, **options) if options else function
 
 
-def parse_reward(spec: str, options: Mapping[str, Any] | None = None) -> Reward:
+def _parse_reward(spec: str, options: Mapping[str, Any] | None = None) -> Reward:
     """The `Reward` of a `--reward NAME[=WEIGHT]` value, with `options` bound.
 
     Examples:
-      >>> parse_reward("format=0.2").weight, parse_reward("math_answer").name
+      >>> _parse_reward("format=0.2").weight, _parse_reward("math_answer").name
       (0.2, 'math_answer')
-      >>> parse_reward("format=heavy")
+      >>> _parse_reward("format=heavy")
       Traceback (most recent call last):
       ...
       ValueError: --reward 'format=heavy': the weight 'heavy' is not a number

@@ -17,14 +17,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dew._traces import count_trace
 from dew.models.llama import Policy
-from dew.traces import count_trace
 
 __all__ = [
     "Samples",
     "sample",
     "sample_state",
-    "sampling_log_probs",
 ]
 
 
@@ -47,7 +46,7 @@ class Samples:
     behavior_log_probs: jax.Array
 
 
-def sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
+def _sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
     """Log-probs `[..., V]` of the distribution sampled from, temperature and top-p applied.
 
     That is softmax(logits / temperature), restricted to the smallest top set holding `top_p` of
@@ -58,7 +57,7 @@ def sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> j
 
     Examples:
       >>> logits = jnp.log(jnp.array([0.5, 0.3, 0.2]))
-      >>> jnp.exp(sampling_log_probs(logits, 1.0, 0.7)).round(3)
+      >>> jnp.exp(_sampling_log_probs(logits, 1.0, 0.7)).round(3)
       Array([0.625, 0.375, 0.   ], dtype=float32)
     """
     scaled = logits.astype(jnp.float32) / temperature
@@ -77,7 +76,7 @@ def _choose(logits, key, temperature, top_p):
     """The next token `[B]` and its behaviour log-prob `[B]`."""
     if temperature == 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[0])
-    logp = sampling_log_probs(logits, temperature, top_p)
+    logp = _sampling_log_probs(logits, temperature, top_p)
     token = jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 

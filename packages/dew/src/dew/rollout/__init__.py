@@ -7,7 +7,7 @@
 """
 
 from dew.rewards import RewardError
-from dew.rollout.generate import Rollout, completions, pad_prompts, rollout
+from dew.rollout.generate import Rollout, rollout
 from dew.rollout.prompter import Prompter, Prompts
 from dew.rollout.sources import (
     BatchSource,
@@ -29,7 +29,5 @@ __all__ = [
     "Rollout",
     "Sampled",
     "StepRollout",
-    "completions",
-    "pad_prompts",
     "rollout",
 ]

@@ -20,19 +20,17 @@ from dew.sampling import sample_state
 
 __all__ = [
     "Rollout",
-    "completions",
-    "pad_prompts",
     "rollout",
 ]
 
 
-def pad_prompts(
+def _pad_prompts(
     prompts: Sequence[Sequence[int]], width: int, pad: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """`[N, width]` int32 prompts left-aligned and right-padded with `pad`, and `[N]` lengths.
 
     Examples:
-      >>> pad_prompts([[1, 2], [3]], 3, 0)
+      >>> _pad_prompts([[1, 2], [3]], 3, 0)
       (array([[1, 2, 0],
              [3, 0, 0]], dtype=int32), array([2, 1], dtype=int32))
     """
@@ -47,11 +45,11 @@ def pad_prompts(
     return out, lengths
 
 
-def completions(tokens: np.ndarray, completion_mask: np.ndarray) -> list[list[int]]:
+def _completions(tokens: np.ndarray, completion_mask: np.ndarray) -> list[list[int]]:
     """Each row's completion as a token list.
 
     Examples:
-      >>> completions(np.array([[1, 2, 3], [4, 5, 6]]), np.array([[0, 1, 1], [0, 0, 1]], bool))
+      >>> _completions(np.array([[1, 2, 3], [4, 5, 6]]), np.array([[0, 1, 1], [0, 0, 1]], bool))
       [[2, 3], [6]]
     """
     return [row[mask].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
@@ -119,7 +117,7 @@ def rollout(
     began = time.perf_counter()
     expanded = [prompt for prompt in prompts.tokens for _ in range(group)]
     examples = [example for example in prompts.examples for _ in range(group)]
-    padded, lengths = pad_prompts(expanded, prompter.width, prompter.pad_id)
+    padded, lengths = _pad_prompts(expanded, prompter.width, prompter.pad_id)
     padded, lengths = jnp.asarray(padded), jnp.asarray(lengths)
     if sharding is not None:
         padded, lengths = jax.device_put((padded, lengths), sharding)
@@ -140,7 +138,7 @@ def rollout(
         (samples.tokens, samples.prompt_mask, samples.completion_mask, samples.behavior_log_probs)
     )
     sample_s = time.perf_counter() - began
-    rewards, parts = prompter.score(examples, completions(tokens, completion_mask))
+    rewards, parts = prompter.score(examples, _completions(tokens, completion_mask))
     batch = Batch(
         tokens=samples.tokens,
         prompt_mask=samples.prompt_mask,

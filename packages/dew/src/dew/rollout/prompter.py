@@ -20,11 +20,11 @@ import numpy as np
 
 from dew.rewards import Reward, score_texts
 from dew.tasks import Task
-from dew.tokenizers import Tokenizer, end_of_turn_id
+from dew.tokenizers import Tokenizer, _end_of_turn_id
 
-__all__ = ["MAX_REDRAWS", "Prompter", "Prompts"]
+__all__ = ["Prompter", "Prompts"]
 
-MAX_REDRAWS = 100
+_MAX_REDRAWS = 100
 """How many times a step draws again for prompts that fit before it gives up."""
 
 
@@ -77,7 +77,7 @@ class Prompter:
         self.chat = _has_chat_template(self.tokenizer)
         if self.system_prompt is not None and not self.chat:
             raise ValueError("--system-prompt needs a model whose tokenizer has a chat template")
-        self.stop_id = end_of_turn_id(self.tokenizer) if self.chat else self.tokenizer.eos_token_id
+        self.stop_id = _end_of_turn_id(self.tokenizer) if self.chat else self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
         if self.max_new_tokens is None:
             self.max_new_tokens = self.task.max_new_tokens
@@ -119,7 +119,7 @@ class Prompter:
     def draw(self, rng: np.random.Generator, n: int) -> Prompts:
         """`n` examples from the task's `examples(rng, ...)` whose prompts fit the width."""
         examples, tokens, dropped = [], [], 0
-        for _ in range(MAX_REDRAWS):
+        for _ in range(_MAX_REDRAWS):
             for example in self.task.examples(rng, n - len(examples)):
                 ids = self.encode(example)
                 if len(ids) > self.width:

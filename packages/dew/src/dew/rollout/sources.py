@@ -22,21 +22,15 @@ from dew.rollout.generate import Rollout
 from dew.rollout.prompter import Prompter, Prompts
 
 __all__ = [
-    "REFILL_STREAM",
     "BatchSource",
     "Demonstrations",
     "DynamicSampling",
     "Preferences",
     "Sampled",
     "StepRollout",
-    "corrupt",
-    "demonstrations",
-    "informative_groups",
-    "preferences",
-    "take_groups",
 ]
 
-REFILL_STREAM = 0xF111
+_REFILL_STREAM = 0xF111
 """The prompt streams of dynamic sampling's extra rollouts, apart from every step's."""
 
 
@@ -115,7 +109,7 @@ class Sampled:
         return step.sampled.batch, {}
 
 
-def informative_groups(rewards: np.ndarray, group: int) -> np.ndarray:
+def _informative_groups(rewards: np.ndarray, group: int) -> np.ndarray:
     """`[B / group]` bool: the groups whose rewards are not all equal.
 
     A group of equal rewards has zero group-relative advantage and carries no gradient; DAPO's
@@ -124,7 +118,7 @@ def informative_groups(rewards: np.ndarray, group: int) -> np.ndarray:
     Reference: DAPO's dynamic sampling, arXiv:2503.14476.
 
     Examples:
-      >>> informative_groups(np.array([1.0, 1.0, 0.0, 1.0]), 2)
+      >>> _informative_groups(np.array([1.0, 1.0, 0.0, 1.0]), 2)
       array([False,  True])
     """
     grouped = np.asarray(rewards).reshape(-1, group)
@@ -136,10 +130,10 @@ class DynamicSampling(Sampled):
     """DAPO's dynamic sampling: the rollout's informative groups, refilled from fresh rollouts.
 
     Groups whose rewards are all equal carry no gradient and are dropped; up to `max_refills`
-    extra rollouts of as many fresh prompts (their own prompt stream, `REFILL_STREAM`, and
+    extra rollouts of as many fresh prompts (their own prompt stream, `_REFILL_STREAM`, and
     sampling key, so a resumed run replays them) supply informative groups until the batch holds
     as many as the step has prompts. If it still falls short, dropped groups fill the rest, so
-    the batch keeps its shape and the update is not recompiled. Metrics: `informative_groups`
+    the batch keeps its shape and the update is not recompiled. Metrics: `_informative_groups`
     (the fraction of the batch's groups that are) and `refills`.
 
     Reference: DAPO's dynamic sampling, arXiv:2503.14476.
@@ -164,9 +158,9 @@ class DynamicSampling(Sampled):
       >>> step = StepRollout(first, prompts, prompter, 1, 0, 2, key, sample)
       >>> batch, metrics = DynamicSampling(max_refills=2).batch(step)
       >>> batch.size == first.batch.size, sorted(metrics)
-      (True, ['informative_groups', 'refills'])
-      >>> kept = round(metrics["informative_groups"] * 2)
-      >>> bool(informative_groups(np.asarray(batch.rewards), 2)[:kept].all())
+      (True, ['_informative_groups', 'refills'])
+      >>> kept = round(metrics["_informative_groups"] * 2)
+      >>> bool(_informative_groups(np.asarray(batch.rewards), 2)[:kept].all())
       True
     """
 
@@ -176,24 +170,24 @@ class DynamicSampling(Sampled):
         """The informative groups first, refilled; the metrics of the refills."""
         group, wanted = step.group, len(step.prompts.examples)
         parts = [step.sampled]
-        informative = informative_groups(step.sampled.rewards, group)
+        informative = _informative_groups(step.sampled.rewards, group)
         picks = [(0, int(g)) for g in np.flatnonzero(informative)]
         refills = 0
         while len(picks) < wanted and refills < self.max_refills:
             refills += 1
-            rng = np.random.default_rng([step.seed, step.step, REFILL_STREAM, refills])
+            rng = np.random.default_rng([step.seed, step.step, _REFILL_STREAM, refills])
             part = step.sample(
                 step.prompter.draw(rng, wanted), group, jax.random.fold_in(step.key, refills)
             )
             parts.append(part)
-            informative = informative_groups(part.rewards, group)
+            informative = _informative_groups(part.rewards, group)
             picks += [(refills, int(g)) for g in np.flatnonzero(informative)]
         found = min(len(picks), wanted)
         for index, part in enumerate(parts):
-            dropped = np.flatnonzero(~informative_groups(part.rewards, group))
+            dropped = np.flatnonzero(~_informative_groups(part.rewards, group))
             picks += [(index, int(g)) for g in dropped]
-        batch = take_groups(parts, picks[:wanted], group, step.sharding)
-        return batch, {"informative_groups": found / wanted, "refills": float(refills)}
+        batch = _take_groups(parts, picks[:wanted], group, step.sharding)
+        return batch, {"_informative_groups": found / wanted, "refills": float(refills)}
 
 
 def _placed(arrays, sharding):
@@ -202,7 +196,7 @@ def _placed(arrays, sharding):
     return jax.tree.map(jnp.asarray, arrays)
 
 
-def take_groups(
+def _take_groups(
     parts: Sequence[Rollout], picks: Sequence[tuple[int, int]], group: int, sharding=None
 ) -> Batch:
     """A `Batch` of the groups `picks` names, as `(rollout index, group index)`, in that order.
@@ -223,7 +217,7 @@ def take_groups(
       >>> prompts = prompter.draw(np.random.default_rng(0), 2)
       >>> keys = jax.random.split(jax.random.key(0))
       >>> parts = [rollout(graphdef, params, prompter, prompts, 2, key) for key in keys]
-      >>> batch = take_groups(parts, [(1, 0), (0, 1)], 2)
+      >>> batch = _take_groups(parts, [(1, 0), (0, 1)], 2)
       >>> batch.tokens.shape, batch.group
       ((4, 9), 2)
       >>> bool((batch.tokens[:2] == parts[1].tokens[:2]).all())
@@ -261,7 +255,7 @@ def _rows(prompter: Prompter, examples, completions, group: int, sharding, rewar
     return Batch(*_placed(arrays, sharding), group=group)
 
 
-def demonstrations(prompter: Prompter, examples: Sequence[dict], sharding=None) -> Batch:
+def _demonstrations(prompter: Prompter, examples: Sequence[dict], sharding=None) -> Batch:
     """One row per example: its prompt and its completion (`Prompter.demonstration`), `group = 1`.
 
     `behavior_log_probs` is 0: nothing was sampled.
@@ -270,7 +264,7 @@ def demonstrations(prompter: Prompter, examples: Sequence[dict], sharding=None) 
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
       >>> prompter = Prompter(get_task("reverse"), DIGITS)
-      >>> batch = demonstrations(prompter, [{"prompt": "^123>", "answer": "321"}])
+      >>> batch = _demonstrations(prompter, [{"prompt": "^123>", "answer": "321"}])
       >>> DIGITS.decode(batch.tokens[0]), batch.group, batch.rewards
       ('^123>321$', 1, Array([1.], dtype=float32))
       >>> DIGITS.decode(batch.tokens[0][batch.completion_mask[0]])
@@ -307,19 +301,19 @@ class Demonstrations(_FromAnswers):
         return prompts
 
     def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
-        """`demonstrations` of the step's prompts, and no metrics."""
-        return demonstrations(step.prompter, step.prompts.examples, step.sharding), {}
+        """`_demonstrations` of the step's prompts, and no metrics."""
+        return _demonstrations(step.prompter, step.prompts.examples, step.sharding), {}
 
 
-def corrupt(text: str, rng: np.random.Generator) -> str:
+def _corrupt(text: str, rng: np.random.Generator) -> str:
     """`text` with one to all of its digits changed to a different digit.
 
     A text without digits gets a digit put in front.
 
     Examples:
-      >>> corrupt("321", np.random.default_rng(0))
+      >>> _corrupt("321", np.random.default_rng(0))
       '432'
-      >>> corrupt("none", np.random.default_rng(0))
+      >>> _corrupt("none", np.random.default_rng(0))
       '8none'
     """
     chars = list(text)
@@ -332,21 +326,21 @@ def corrupt(text: str, rng: np.random.Generator) -> str:
     return "".join(chars)
 
 
-def preferences(
+def _preferences(
     prompter: Prompter, examples: Sequence[dict], rng: np.random.Generator, sharding=None
 ) -> Batch:
     """Pairs on adjacent rows, `group = 2`: the chosen completion (even row), the rejected (odd).
 
     An example's `chosen` and `rejected` columns when it has them (TRL's preference layout);
-    otherwise its completion (`Prompter.demonstration`) and that text `corrupt`ed. Rewards are 1
-    for the chosen row and 0 for the rejected one.
+    otherwise its completion (`Prompter.demonstration`) and that text with its digits changed
+    (`_corrupt`). Rewards are 1 for the chosen row and 0 for the rejected one.
 
     Examples:
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
       >>> prompter = Prompter(get_task("reverse"), DIGITS)
       >>> example = {"prompt": "^123>", "answer": "321"}
-      >>> batch = preferences(prompter, [example], np.random.default_rng(0))
+      >>> batch = _preferences(prompter, [example], np.random.default_rng(0))
       >>> [DIGITS.decode(row) for row in batch.tokens], batch.group, batch.rewards
       (['^123>321$', '^123>432$'], 2, Array([1., 0.], dtype=float32))
     """
@@ -360,7 +354,7 @@ def preferences(
             )
         rejected = example.get("rejected")
         if not isinstance(rejected, str):
-            rejected = corrupt(chosen, rng)
+            rejected = _corrupt(chosen, rng)
         rows += [example, example]
         completions += [
             [*prompter.continuation(text), prompter.stop_id] for text in (chosen, rejected)
@@ -386,6 +380,6 @@ class Preferences(_FromAnswers):
         return 2 * prompts
 
     def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
-        """`preferences` of the step's prompts, and no metrics."""
+        """`_preferences` of the step's prompts, and no metrics."""
         rng = np.random.default_rng([step.seed, step.step, 1])
-        return preferences(step.prompter, step.prompts.examples, rng, step.sharding), {}
+        return _preferences(step.prompter, step.prompts.examples, rng, step.sharding), {}

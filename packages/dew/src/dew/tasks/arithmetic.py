@@ -12,12 +12,12 @@ import numpy as np
 from dew.rewards import Reward, math_answer
 from dew.tasks.dataset import Dataset
 
-__all__ = ["INSTRUCTION", "LEVELS", "Arithmetic", "problem"]
+__all__ = ["LEVELS", "Arithmetic"]
 
 LEVELS = {1: (1, 10), 2: (2, 20), 3: (3, 50)}
 """Level to (operations, largest starting count)."""
 
-INSTRUCTION = "Solve the problem. End with: The answer is <number>."
+_INSTRUCTION = "Solve the problem. End with: The answer is <number>."
 
 _NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Lena")
 _THINGS = ("apples", "marbles", "stickers", "books", "coins", "shells", "pencils", "cookies")
@@ -71,11 +71,11 @@ def _step(
     )
 
 
-def problem(rng: np.random.Generator, level: int) -> dict[str, str]:
+def _problem(rng: np.random.Generator, level: int) -> dict[str, str]:
     """One problem of `level` as an example: `prompt`, `answer` and a worked `completion`.
 
     Examples:
-      >>> example = problem(np.random.default_rng(0), 2)
+      >>> example = _problem(np.random.default_rng(0), 2)
       >>> sorted(example), example["answer"]
       (['answer', 'completion', 'prompt'], '19')
       >>> example["completion"].endswith("The answer is 19.")
@@ -92,7 +92,7 @@ def problem(rng: np.random.Generator, level: int) -> dict[str, str]:
         work.append(line)
     question = f"{' '.join(sentences)} How many {things} does {name} have now?"
     return {
-        "prompt": f"{question}\n{INSTRUCTION}",
+        "prompt": f"{question}\n{_INSTRUCTION}",
         "answer": str(count),
         "completion": f"{' '.join(work)} The answer is {count}.",
     }
@@ -126,7 +126,7 @@ class Arithmetic(Dataset):
         if size < 2:
             raise ValueError(f"arithmetic: size must be >= 2, got {size}")
         rng = np.random.default_rng([seed, level])
-        examples = [problem(rng, level) for _ in range(size)]
+        examples = [_problem(rng, level) for _ in range(size)]
         super().__init__(
             examples,
             name=self.name,

@@ -15,18 +15,18 @@ import numpy as np
 
 from dew.rewards import Reward, math_answer
 
-__all__ = ["SPLIT_SEED", "Dataset", "check_example", "load_examples"]
+__all__ = ["Dataset", "load_examples"]
 
-SPLIT_SEED = 0x5917
+_SPLIT_SEED = 0x5917
 """The seed of the fixed shuffle that sets a dataset's held-out examples apart."""
 
 
-def check_example(example: Any, where: str) -> None:
+def _check_example(example: Any, where: str) -> None:
     """`ValueError` naming `where` unless `example` has a usable `prompt`.
 
     Examples:
-      >>> check_example({"prompt": "2+2?", "answer": "4"}, "row 1")
-      >>> check_example({"question": "2+2?"}, "data.jsonl line 3")
+      >>> _check_example({"prompt": "2+2?", "answer": "4"}, "row 1")
+      >>> _check_example({"question": "2+2?"}, "data.jsonl line 3")
       Traceback (most recent call last):
       ...
       ValueError: data.jsonl line 3: no 'prompt' column (columns: question)
@@ -80,7 +80,7 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
                     raise ValueError(
                         f"--data {path} line {number}: not JSON ({error.msg})"
                     ) from None
-                check_example(rows[-1], f"--data {path} line {number}")
+                _check_example(rows[-1], f"--data {path} line {number}")
     elif path.suffix == ".parquet":
         import pyarrow.parquet  # a large library: loaded only for Parquet files
 
@@ -89,7 +89,7 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
         except Exception as error:  # pyarrow raises its own ArrowInvalid, OSError, ...
             raise ValueError(f"--data {path}: cannot read as Parquet ({error})") from None
         for number, row in enumerate(rows, 1):
-            check_example(row, f"--data {path} row {number}")
+            _check_example(row, f"--data {path} row {number}")
     else:
         raise ValueError(f"--data {path}: expected a .jsonl or .parquet file")
     if not rows:
@@ -129,7 +129,7 @@ class Dataset:
         heldout: int | None = None,
     ):
         for number, example in enumerate(examples, 1):
-            check_example(example, f"{name}: example {number}")
+            _check_example(example, f"{name}: example {number}")
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         if heldout is None:
@@ -139,7 +139,7 @@ class Dataset:
                 f"{name}: heldout must be in [0, {len(examples) - 1}] to leave examples to "
                 f"train on, got {heldout}"
             )
-        order = np.random.default_rng(SPLIT_SEED).permutation(len(examples))
+        order = np.random.default_rng(_SPLIT_SEED).permutation(len(examples))
         self.name, self.rewards, self.max_new_tokens = name, tuple(rewards), max_new_tokens
         self.evaluation = [dict(examples[i]) for i in order[:heldout]]
         self.train = [dict(examples[i]) for i in np.sort(order[heldout:])]

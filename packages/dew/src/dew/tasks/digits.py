@@ -20,7 +20,6 @@ import numpy as np
 from dew.rewards import Reward
 
 __all__ = [
-    "EVAL_STREAM",
     "Add",
     "Copy",
     "DigitTask",
@@ -30,10 +29,10 @@ __all__ = [
     "position_credit",
 ]
 
-EVAL_STREAM = 0x5EED
+_EVAL_STREAM = 0x5EED
 """The prompt stream of the digit tasks' evaluation examples, apart from every step's."""
 
-END = "<end>"
+_END = "<end>"
 """The end of a completion, as one position of its text (no character equals it)."""
 
 
@@ -72,7 +71,7 @@ def answer_credit(
       [1.0, 0.3333333333333333, 0.6666666666666666]
     """
     return [
-        position_credit([*right, END], [*text, *([END] if done else [])], END)
+        position_credit([*right, _END], [*text, *([_END] if done else [])], _END)
         for text, right, done in zip(completions, answer, finished, strict=True)
     ]
 
@@ -125,7 +124,7 @@ class DigitTask:
     def heldout(self, n: int) -> list[dict[str, Any]]:
         """`n` evaluation examples from their own stream. The tasks are small (1,000 strings of
         three digits), so these may also appear in training: they measure the skill."""
-        return self.examples(np.random.default_rng(EVAL_STREAM), n)
+        return self.examples(np.random.default_rng(_EVAL_STREAM), n)
 
     def longest_prompt(self, count: Callable[[dict[str, Any]], int]) -> int:
         """`count` of an empty prompt plus the longest prompt's characters."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from dew.train.runlog import Display, MetricsFile
+from dew.train.runlog import _Display, _MetricsFile
 
 if TYPE_CHECKING:
     from dew.train.trainer import Trainer
@@ -29,7 +29,7 @@ __all__ = [
     "SampleLog",
 ]
 
-SAMPLES_PER_STEP = 4
+_SAMPLES_PER_STEP = 4
 """How many of a step's completions `SampleLog` writes: the first of as many prompts."""
 
 
@@ -67,7 +67,7 @@ class MetricsLog(Callback):
     """
 
     def __init__(self, run_dir: Path, resumed_at: int | None = None):
-        self.file = MetricsFile(run_dir, keep_through=resumed_at)
+        self.file = _MetricsFile(run_dir, keep_through=resumed_at)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -82,7 +82,7 @@ class Progress(Callback):
     """The live progress display: a bar on a terminal, a line now and then otherwise."""
 
     def __init__(self, total: int, start: int, console: Console | None, quiet: bool):
-        self.display = Display(total, start, console, quiet)
+        self.display = _Display(total, start, console, quiet)
 
     def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
         self.display.update(row)
@@ -142,7 +142,7 @@ class SampleLog(Callback):
         sampled, prompter = trainer.last_rollout, trainer.prompter
         group = sampled.batch.group
         lines = []
-        for index in range(0, min(len(sampled.rewards), group * SAMPLES_PER_STEP), group):
+        for index in range(0, min(len(sampled.rewards), group * _SAMPLES_PER_STEP), group):
             ids = sampled.tokens[index][sampled.completion_mask[index]]
             text, _ = prompter.completion_text(ids.tolist())
             parts = {

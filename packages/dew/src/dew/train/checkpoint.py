@@ -19,18 +19,14 @@ import orbax.checkpoint as ocp
 
 __all__ = [
     "Checkpoints",
-    "flatten",
-    "interrupts_deferred",
-    "path_key",
-    "unflatten",
 ]
 
 
-def path_key(path) -> str:
+def _path_key(path) -> str:
     """The dotted name of a pytree key path.
 
     Examples:
-      >>> path_key(jax.tree_util.tree_flatten_with_path({"a": [1, {"b": 2}]})[0][1][0])
+      >>> _path_key(jax.tree_util.tree_flatten_with_path({"a": [1, {"b": 2}]})[0][1][0])
       'a.1.b'
     """
     parts = []
@@ -44,29 +40,29 @@ def path_key(path) -> str:
     return ".".join(parts)
 
 
-def flatten(tree) -> dict[str, Any]:
+def _flatten(tree) -> dict[str, Any]:
     """`tree`'s leaves keyed by their dotted paths.
 
     Examples:
-      >>> flatten({"layers": [{"kernel": 1, "bias": 2}], "norm": 3})
+      >>> _flatten({"layers": [{"kernel": 1, "bias": 2}], "norm": 3})
       {'layers.0.bias': 2, 'layers.0.kernel': 1, 'norm': 3}
     """
-    return {path_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {_path_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def unflatten(template, flat: dict[str, Any]):
+def _unflatten(template, flat: dict[str, Any]):
     """`template`'s structure with its leaves taken from `flat` by dotted path.
 
     Examples:
-      >>> unflatten({"a": [0, {"b": 0}]}, {"a.0": 1, "a.1.b": 2})
+      >>> _unflatten({"a": [0, {"b": 0}]}, {"a.0": 1, "a.1.b": 2})
       {'a': [1, {'b': 2}]}
     """
     paths, treedef = jax.tree_util.tree_flatten_with_path(template)
-    return jax.tree_util.tree_unflatten(treedef, [flat[path_key(path)] for path, _ in paths])
+    return jax.tree_util.tree_unflatten(treedef, [flat[_path_key(path)] for path, _ in paths])
 
 
 @contextlib.contextmanager
-def interrupts_deferred():
+def _interrupts_deferred():
     """A block that Ctrl-C and SIGTERM do not cut short.
 
     A signal received inside is raised as `KeyboardInterrupt` when the block ends. Only the main
@@ -75,7 +71,7 @@ def interrupts_deferred():
     Examples:
       >>> import os, signal
       >>> try:
-      ...     with interrupts_deferred():
+      ...     with _interrupts_deferred():
       ...         os.kill(os.getpid(), signal.SIGINT)
       ...         finished = True
       ... except KeyboardInterrupt:
@@ -124,10 +120,10 @@ class Checkpoints:
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Write `state` (named pytrees, one Orbax item each) as the checkpoint of `step`.
 
-        Ctrl-C and SIGTERM wait until the save is done (`interrupts_deferred`).
+        Ctrl-C and SIGTERM wait until the save is done (`_interrupts_deferred`).
         """
-        items = {name: ocp.args.StandardSave(flatten(tree)) for name, tree in state.items()}
-        with interrupts_deferred():
+        items = {name: ocp.args.StandardSave(_flatten(tree)) for name, tree in state.items()}
+        with _interrupts_deferred():
             self.manager.save(step, args=ocp.args.Composite(**items), force=True)
             self.manager.wait_until_finished()
 
@@ -138,11 +134,11 @@ class Checkpoints:
         but not named (the optimizer state, when only params are wanted) are not read.
         """
         items = {
-            name: ocp.args.StandardRestore(flatten(jax.tree.map(_abstract, tree)))
+            name: ocp.args.StandardRestore(_flatten(jax.tree.map(_abstract, tree)))
             for name, tree in template.items()
         }
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-        return {name: unflatten(template[name], restored[name]) for name in template}
+        return {name: _unflatten(template[name], restored[name]) for name in template}
 
     def restore_latest(self, template: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         """The newest checkpoint that restores, as `(step, items)`; `(None, {})` if none does.

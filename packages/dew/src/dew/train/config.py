@@ -25,7 +25,7 @@ from dew.options import (
     check_options,
     option,
 )
-from dew.rewards import parse_reward
+from dew.rewards import _parse_reward
 from dew.rollout.prompter import Prompter
 from dew.tasks import Dataset, Task, get_task, load_examples
 from dew.tokenizers import DIGITS, Tokenizer
@@ -43,9 +43,6 @@ __all__ = [
     "RunOptions",
     "TrainConfig",
     "UpdateOptions",
-    "make_prompter",
-    "resolve",
-    "resolve_task",
     "validate",
 ]
 
@@ -58,7 +55,7 @@ class RunOptions:
       steps: total training steps (rollout + updates), counting resumed ones.
       seed: seed of the weights, prompts and sampling.
       out: run folder (default runs/<YYYYmmdd-HHMMSS>).
-      resume: continue the run in --out (default: the newest in runs/) from its last checkpoint.
+      resume: continue the run in `--out` (default: the newest in `runs/`) from its last checkpoint.
       checkpoint_every: checkpoint every N steps (and at the end).
     """
 
@@ -200,7 +197,7 @@ class MemoryOptions:
     remat: bool = False
 
 
-SECTIONS = {
+_SECTIONS = {
     "run": RunOptions,
     "prompting": PromptOptions,
     "rollout": RolloutOptions,
@@ -224,7 +221,7 @@ class TrainConfig:
       objective: the objective, by entry-point name.
       task: the task, by name.
       model: a built-in model (tiny, default, small), smollm2, a checkpoint folder or a .gguf file.
-      data: a .jsonl or .parquet file of examples to train on, in place of --task.
+      data: a .jsonl or .parquet file of examples to train on, in place of `--task`.
       rewards: the reward functions (`NAME[=WEIGHT]`), in place of the task's.
       run: steps, seed, run folder, resume, checkpoints.
       prompting: system prompt and token budgets.
@@ -269,13 +266,13 @@ class TrainConfig:
 
     def replace(self, **options) -> "TrainConfig":
         """A copy with `options` set, each named as its flag is (`steps`, not `run.steps`)."""
-        top = {f.name for f in dataclasses.fields(self)} - set(SECTIONS)
+        top = {f.name for f in dataclasses.fields(self)} - set(_SECTIONS)
         changes: dict[str, Any] = {k: v for k, v in options.items() if k in top}
         sections: dict[str, dict[str, Any]] = {}
         for name, value in options.items():
             if name in top:
                 continue
-            section = option_section(name)
+            section = _option_section(name)
             if section is None:
                 raise ConfigError(f"unknown option {name!r}")
             sections.setdefault(section, {})[name] = value
@@ -294,7 +291,7 @@ class TrainConfig:
         values = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name in SECTIONS:
+            if field.name in _SECTIONS:
                 values.update(dataclasses.asdict(value))
             else:
                 values[field.name] = value
@@ -314,7 +311,7 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         flat: dict[str, Any] = {}
         for name, value in record.items():
-            if name in SECTIONS and isinstance(value, Mapping):
+            if name in _SECTIONS and isinstance(value, Mapping):
                 flat.update(value)
             elif name in known:
                 flat[name] = value
@@ -336,28 +333,28 @@ a pretrained model wants a learning rate a thousand times smaller than a fresh o
 on a 135M-parameter model on a 2-core CPU wants a small batch. Flags given override them."""
 
 
-def option_section(name: str) -> str | None:
+def _option_section(name: str) -> str | None:
     """The section that holds option `name`, or None.
 
     Examples:
-      >>> option_section("lr"), option_section("prompts"), option_section("nope")
+      >>> _option_section("lr"), _option_section("prompts"), _option_section("nope")
       ('optimizer', 'rollout', None)
     """
-    for section, cls in SECTIONS.items():
+    for section, cls in _SECTIONS.items():
         if name in {f.name for f in dataclasses.fields(cls)}:
             return section
     return None
 
 
-def resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
+def _resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
     """The task a run uses: `task` when given, else `--data`'s examples, else `--task` by name.
 
     `--data FILE` makes the task a `Dataset` of the file's examples, named by the file's stem.
 
     Examples:
-      >>> resolve_task(TrainConfig(task="sort")).name
+      >>> _resolve_task(TrainConfig(task="sort")).name
       'sort'
-      >>> resolve_task(TrainConfig(task="nope"))  # doctest: +ELLIPSIS
+      >>> _resolve_task(TrainConfig(task="nope"))  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
       dew.options.ConfigError: unknown task 'nope'; available: ...
@@ -373,11 +370,11 @@ def resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
         raise ConfigError(str(error)) from error
 
 
-def resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, Task]:
+def _resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, Task]:
     """The objective and task a run uses: the instances given, else loaded by name.
 
     Examples:
-      >>> objective, task = resolve(TrainConfig(objective="sft", task="sort"))
+      >>> objective, task = _resolve(TrainConfig(objective="sft", task="sort"))
       >>> objective, task.name
       (SFT(), 'sort')
     """
@@ -386,14 +383,14 @@ def resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, 
             objective = load_objective(config.objective, config.objective_options)
         except (ValueError, TypeError) as error:
             raise ConfigError(str(error)) from error
-    return objective, resolve_task(config, task)
+    return objective, _resolve_task(config, task)
 
 
-def reward_options(config: TrainConfig) -> dict[str, dict[str, Any]]:
+def _reward_options(config: TrainConfig) -> dict[str, dict[str, Any]]:
     """`--reward-option NAME.KEY=VALUE`s grouped by reward name.
 
     Examples:
-      >>> reward_options(TrainConfig(reward_options={"format.pattern": "ok"}))
+      >>> _reward_options(TrainConfig(reward_options={"format.pattern": "ok"}))
       {'format': {'pattern': 'ok'}}
     """
     grouped: dict[str, dict[str, Any]] = {}
@@ -405,24 +402,25 @@ def reward_options(config: TrainConfig) -> dict[str, dict[str, Any]]:
     return grouped
 
 
-def make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGITS) -> Prompter:
+def _make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGITS) -> Prompter:
     """The `Prompter` of `task` on `tokenizer` with the run's prompt options and `--reward`s.
 
     Examples:
       >>> from dew.tasks import get_task
-      >>> make_prompter(TrainConfig().replace(max_new_tokens=9), get_task("reverse")).max_new_tokens
+      >>> config = TrainConfig().replace(max_new_tokens=9)
+      >>> _make_prompter(config, get_task("reverse")).max_new_tokens
       9
-      >>> make_prompter(TrainConfig(rewards=("nope",)), get_task("reverse"))  # doctest: +ELLIPSIS
+      >>> _make_prompter(TrainConfig(rewards=("nope",)), get_task("reverse"))  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
       dew.options.ConfigError: --reward 'nope': unknown reward; available: ...
     """
-    options = reward_options(config)
+    options = _reward_options(config)
     try:
         rewards = None
         if config.rewards:
             rewards = tuple(
-                parse_reward(spec, options.pop(spec.partition("=")[0], {}))
+                _parse_reward(spec, options.pop(spec.partition("=")[0], {}))
                 for spec in config.rewards
             )
         if options:
@@ -455,7 +453,7 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
       ...
       dew.options.ConfigError: --lr must be > 0, got inf
     """
-    for section in SECTIONS:
+    for section in _SECTIONS:
         check_options(getattr(config, section))
     rollout, update = config.rollout, config.update
     unknown = [name for name in config.lora.modules if name not in LORA_MODULES]

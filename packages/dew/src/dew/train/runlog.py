@@ -14,32 +14,27 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 __all__ = [
     "CONFIG",
     "METRICS",
-    "PRINT_EVERY_S",
-    "Display",
-    "MetricsFile",
-    "default_run_dir",
     "read_config",
     "read_metrics",
-    "write_config",
 ]
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
-PRINT_EVERY_S = 5.0
+_PRINT_EVERY_S = 5.0
 """Without a terminal, a progress line at least this often (and every twentieth of the run)."""
 
 
-def default_run_dir(root: str | Path = "runs") -> Path:
+def _default_run_dir(root: str | Path = "runs") -> Path:
     """`root/<YYYYmmdd-HHMMSS>`, with a `-N` suffix when that folder already exists.
 
     Examples:
       >>> import tempfile
       >>> root = Path(tempfile.mkdtemp())
-      >>> first = default_run_dir(root)
+      >>> first = _default_run_dir(root)
       >>> first.parent == root, len(first.name), first.name[8]
       (True, 15, '-')
       >>> first.mkdir()
-      >>> second = default_run_dir(root)  # `first.name + "-1"` within the same second
+      >>> second = _default_run_dir(root)  # `first.name + "-1"` within the same second
       >>> second != first and not second.exists()
       True
     """
@@ -50,13 +45,13 @@ def default_run_dir(root: str | Path = "runs") -> Path:
     return candidate
 
 
-def write_config(run_dir: Path, config: dict[str, Any]) -> None:
+def _write_config(run_dir: Path, config: dict[str, Any]) -> None:
     """Write `config` to `run_dir/config.json`.
 
     Examples:
       >>> import tempfile
       >>> run_dir = Path(tempfile.mkdtemp())
-      >>> write_config(run_dir, {"task": "reverse", "steps": 2})
+      >>> _write_config(run_dir, {"task": "reverse", "steps": 2})
       >>> print((run_dir / "config.json").read_text(), end="")
       {
         "steps": 2,
@@ -74,7 +69,7 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     Examples:
       >>> import tempfile
       >>> run_dir = Path(tempfile.mkdtemp())
-      >>> write_config(run_dir, {"task": "reverse", "steps": 2})
+      >>> _write_config(run_dir, {"task": "reverse", "steps": 2})
       >>> read_config(run_dir)
       {'steps': 2, 'task': 'reverse'}
       >>> read_config(tempfile.mkdtemp())  # doctest: +ELLIPSIS
@@ -96,7 +91,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
       >>> run_dir = Path(tempfile.mkdtemp())
       >>> read_metrics(run_dir)
       []
-      >>> MetricsFile(run_dir).append({"step": 1, "reward": 0.5, "loss": float("nan")})
+      >>> _MetricsFile(run_dir).append({"step": 1, "reward": 0.5, "loss": float("nan")})
       >>> read_metrics(run_dir)  # NaN was written as null
       [{'step': 1, 'reward': 0.5, 'loss': None}]
       >>> with (run_dir / METRICS).open("a") as torn:
@@ -122,7 +117,7 @@ def _clean(value):
     return value
 
 
-class MetricsFile:
+class _MetricsFile:
     """`metrics.jsonl`: one JSON object per step, flushed as it is written."""
 
     def __init__(self, run_dir: Path, keep_through: int | None = None):
@@ -140,11 +135,11 @@ class MetricsFile:
             out.write(json.dumps({key: _clean(value) for key, value in row.items()}) + "\n")
 
 
-class Display:
+class _Display:
     """A rich progress bar (step, reward, steps/s) on a terminal; plain lines otherwise.
 
     Without a terminal (a log file, CI) a line is printed every twentieth of the run and at least
-    every `PRINT_EVERY_S` seconds, so a long run is never silent for long.
+    every `_PRINT_EVERY_S` seconds, so a long run is never silent for long.
     """
 
     def __init__(self, total: int, start: int, console: Console | None = None, quiet: bool = False):
@@ -189,7 +184,7 @@ class Display:
         elif (
             row["step"] % self.every == 0
             or row["step"] == self.total
-            or time.monotonic() - self.printed >= PRINT_EVERY_S
+            or time.monotonic() - self.printed >= _PRINT_EVERY_S
         ):
             self.printed = time.monotonic()
             self.console.print(

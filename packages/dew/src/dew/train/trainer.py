@@ -24,11 +24,12 @@ from rich.console import Console
 from dew.batch import Batch
 from dew.evaluation import evaluate as evaluate_policy
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
-from dew.models.lora import adapters_off, add_lora, trainable
+from dew.models.lora import _adapters_off, add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
 from dew.rollout import Prompter, Prompts, Rollout, StepRollout, rollout
 from dew.tasks import Task
+from dew.train._folder import RunLock, check_folder, resume_changes, run_record
 from dew.train.callbacks import (
     Callback,
     Checkpointing,
@@ -38,23 +39,20 @@ from dew.train.callbacks import (
     SampleLog,
 )
 from dew.train.checkpoint import Checkpoints
-from dew.train.config import ConfigError, TrainConfig, make_prompter, resolve, validate
-from dew.train.folder import RunLock, check_folder, resume_changes, run_record
-from dew.train.runlog import default_run_dir, read_config, write_config
-from dew.train.update import UpdateSpec, compiled_update, optimizer
+from dew.train.config import ConfigError, TrainConfig, _make_prompter, _resolve, validate
+from dew.train.runlog import _default_run_dir, _write_config, read_config
+from dew.train.update import UpdateSpec, _compiled_update, optimizer
 
 __all__ = [
-    "EVAL_STREAM",
     "TrainResult",
     "Trainer",
     "TrainingError",
     "greedy_reward",
-    "step_prompts",
     "train",
 ]
 
 
-EVAL_STREAM = 0xE7A1 << 12
+_EVAL_STREAM = 0xE7A1 << 12
 """Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
 
 
@@ -76,16 +74,16 @@ class TrainResult:
     greedy_reward: float
 
 
-def step_prompts(prompter: Prompter, seed: int, step: int, n: int) -> Prompts:
+def _step_prompts(prompter: Prompter, seed: int, step: int, n: int) -> Prompts:
     """The prompts of step `step`, from `default_rng([seed, step])`.
 
     Examples:
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
       >>> prompter = Prompter(get_task("reverse"), DIGITS)
-      >>> [example["prompt"] for example in step_prompts(prompter, 0, 1, 2).examples]
+      >>> [example["prompt"] for example in _step_prompts(prompter, 0, 1, 2).examples]
       ['^589>', '^538>']
-      >>> step_prompts(prompter, 0, 1, 2) == step_prompts(prompter, 0, 1, 2)
+      >>> _step_prompts(prompter, 0, 1, 2) == _step_prompts(prompter, 0, 1, 2)
       True
     """
     return prompter.draw(np.random.default_rng([seed, step]), n)
@@ -123,11 +121,11 @@ class Trainer:
             source: ModelSource = resolve_model(config.model)
         except ValueError as error:
             raise ConfigError(str(error)) from error
-        self.objective, self.task = resolve(config, objective, task)
-        self.prompter = make_prompter(config, self.task, source.tokenizer())
+        self.objective, self.task = _resolve(config, objective, task)
+        self.prompter = _make_prompter(config, self.task, source.tokenizer())
         validate(config, self.objective)
         self.config, self.started = config, time.perf_counter()
-        self.run_dir = Path(config.run.out) if config.run.out else default_run_dir()
+        self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
         check_folder(self.run_dir, config.run.resume)
         resumed = config.run.resume
         changes = resume_changes(self.run_dir, config, self.task.name) if resumed else {}
@@ -174,7 +172,7 @@ class Trainer:
             model_config=dataclasses.asdict(policy.config),
             changes=history,
         )
-        write_config(self.run_dir, entry)
+        _write_config(self.run_dir, entry)
 
     def _place(self, policy) -> None:
         """Split the policy and lay it out, with the optimizer and reference, on the mesh.
@@ -203,7 +201,7 @@ class Trainer:
         self.ref_params = None
         if self.objective.needs_reference:
             self.ref_params = (
-                adapters_off(self.params)
+                _adapters_off(self.params)
                 if self.lora
                 else jax.tree.map(lambda x: x.copy(), self.params)
             )
@@ -216,7 +214,7 @@ class Trainer:
             fsdp,
             config.memory,
         )
-        self.update_fn = compiled_update(spec)
+        self.update_fn = _compiled_update(spec)
 
     def policy_params(self):
         """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
@@ -280,7 +278,7 @@ class Trainer:
     def rollout_phase(self, step: int) -> StepRollout:
         """Sample and score the step's prompts."""
         config = self.config
-        prompts = step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
+        prompts = _step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
         key = jax.random.fold_in(jax.random.key(config.run.seed), step)
         group = self.objective.source.sampled_group(config.rollout.group)
         sampled = self.sample(prompts, group, key)
@@ -318,7 +316,7 @@ class Trainer:
             prompts=options.eval_prompts,
             k=options.eval_k,
             temperature=self.config.rollout.temperature,
-            key=jax.random.fold_in(jax.random.key(self.config.run.seed), EVAL_STREAM + step),
+            key=jax.random.fold_in(jax.random.key(self.config.run.seed), _EVAL_STREAM + step),
             kv_cache=self.config.rollout.kv_cache,
         )
         return {**metrics, "eval_s": time.perf_counter() - began}

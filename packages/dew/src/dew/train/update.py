@@ -23,23 +23,17 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from dew._traces import count_trace
 from dew.batch import Batch
 from dew.mesh import param_shardings, replicated
 from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
-from dew.traces import count_trace
 from dew.train.config import MemoryOptions, OptimizerOptions, UpdateOptions
 
 __all__ = [
     "UpdateSpec",
-    "combined_gradient",
-    "compiled_update",
     "make_update",
     "optimizer",
-    "outputs_of",
-    "rollout_fields",
-    "split_micro_batches",
-    "with_old_log_probs",
 ]
 
 
@@ -73,7 +67,7 @@ def optimizer(options: OptimizerOptions) -> optax.GradientTransformation:
     )
 
 
-def split_micro_batches(batch: Batch, count: int) -> Batch:
+def _split_micro_batches(batch: Batch, count: int) -> Batch:
     """`batch` with every array `[B, ...]` reshaped to `[count, B / count, ...]`, whole groups each.
 
     Micro-batch k holds groups k, k + count, k + 2 * count, ...: when the batch axis is split in
@@ -81,7 +75,7 @@ def split_micro_batches(batch: Batch, count: int) -> Batch:
 
     Examples:
       >>> b = Batch(*(jnp.arange(8)[:, None],) * 4, rewards=jnp.arange(8.0), group=2)
-      >>> split_micro_batches(b, 2).rewards
+      >>> _split_micro_batches(b, 2).rewards
       Array([[0., 1., 4., 5.],
              [2., 3., 6., 7.]], dtype=float32)
     """
@@ -98,7 +92,7 @@ def split_micro_batches(batch: Batch, count: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def outputs_of(
+def _outputs_of(
     graphdef: nnx.GraphDef,
     params,
     batch: Batch,
@@ -118,7 +112,7 @@ def outputs_of(
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> tokens = jnp.array([[1, 5, 6, 2]])
       >>> batch = Batch(tokens, tokens < 5, tokens >= 5, jnp.zeros((1, 4)), jnp.zeros(1), group=1)
-      >>> outputs_of(graphdef, params, batch, values=False).log_probs.shape
+      >>> _outputs_of(graphdef, params, batch, values=False).log_probs.shape
       (1, 4)
     """
     model = nnx.merge(graphdef, params, *([frozen] if frozen else []))
@@ -133,7 +127,7 @@ def outputs_of(
     )
 
 
-def rollout_fields(
+def _rollout_fields(
     graphdef,
     params,
     ref_params,
@@ -150,7 +144,7 @@ def rollout_fields(
     parameters, or for a LoRA run its adapters at zero over the shared base. With
     `old_log_probs` false (one optimizer step per rollout) and no value head asked for, the
     policy's pass is skipped: the loss then takes `old_log_probs` as the detached log-probs of
-    its own pass (`with_old_log_probs`), equal by construction. No reference pass runs when the
+    its own pass (`_with_old_log_probs`), equal by construction. No reference pass runs when the
     objective has no KL term (`needs_reference` false).
 
     Examples:
@@ -158,15 +152,15 @@ def rollout_fields(
       >>> from dew.models.llama import build
       >>> from dew.models.registry import SIZES
       >>> from dew.objectives.sft import SFT
-      >>> from dew.rollout.sources import demonstrations
+      >>> from dew.rollout.sources import _demonstrations
       >>> from dew.rollout import Prompter
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
       >>> task = get_task("reverse")
       >>> examples = task.examples(np.random.default_rng(0), 2)
-      >>> batch = demonstrations(Prompter(task, DIGITS), examples)
+      >>> batch = _demonstrations(Prompter(task, DIGITS), examples)
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
-      >>> fill = jax.jit(rollout_fields, static_argnums=(0, 4))  # as inside `make_update`
+      >>> fill = jax.jit(_rollout_fields, static_argnums=(0, 4))  # as inside `make_update`
       >>> filled = fill(graphdef, params, None, batch, SFT())
       >>> bool(jnp.all((filled.old_log_probs < 0) == batch.completion_mask))
       True
@@ -174,18 +168,18 @@ def rollout_fields(
       (True, True)
     """
     if old_log_probs or objective.needs_values:
-        outputs = outputs_of(
+        outputs = _outputs_of(
             graphdef, params, batch, objective.needs_values, frozen=frozen, memory=memory
         )
         outputs = jax.lax.stop_gradient(outputs)
         batch = batch.replace(old_log_probs=outputs.log_probs, values=outputs.values)
     if objective.needs_reference:
-        reference = outputs_of(graphdef, ref_params, batch, False, frozen=frozen, memory=memory)
+        reference = _outputs_of(graphdef, ref_params, batch, False, frozen=frozen, memory=memory)
         batch = batch.replace(ref_log_probs=jax.lax.stop_gradient(reference.log_probs))
     return batch
 
 
-def with_old_log_probs(batch: Batch, outputs: PolicyOutputs) -> Batch:
+def _with_old_log_probs(batch: Batch, outputs: PolicyOutputs) -> Batch:
     """`batch` with `old_log_probs` the detached `outputs.log_probs` unless already filled.
 
     With one optimizer step per rollout the policy that sampled is the one being trained, so
@@ -198,7 +192,7 @@ def with_old_log_probs(batch: Batch, outputs: PolicyOutputs) -> Batch:
     Examples:
       >>> tokens = jnp.array([[1, 5]])
       >>> batch = Batch(tokens, tokens < 5, tokens >= 5, jnp.zeros((1, 2)), jnp.zeros(1), group=1)
-      >>> with_old_log_probs(batch, PolicyOutputs(jnp.array([[0.0, -0.5]]))).old_log_probs
+      >>> _with_old_log_probs(batch, PolicyOutputs(jnp.array([[0.0, -0.5]]))).old_log_probs
       Array([[ 0. , -0.5]], dtype=float32)
     """
     if batch.old_log_probs is not None:
@@ -206,7 +200,7 @@ def with_old_log_probs(batch: Batch, outputs: PolicyOutputs) -> Batch:
     return batch.replace(old_log_probs=jax.lax.stop_gradient(outputs.log_probs))
 
 
-def combined_gradient(
+def _combined_gradient(
     loss_of: Callable[[Any, Batch], tuple[jax.Array, dict[str, jax.Array]]],
     weight_of: Callable[[Batch], jax.Array],
     params,
@@ -233,8 +227,8 @@ def combined_gradient(
       >>> mask = jnp.array([[True, True, True], [True, False, False]])
       >>> tokens = jnp.array([[1, 2, 3], [4, 5, 6]])
       >>> batch = Batch(tokens, ~mask, mask, jnp.zeros((2, 3)), jnp.zeros(2), group=1)
-      >>> micro = split_micro_batches(batch, 2)
-      >>> grads, metrics = combined_gradient(loss_of, weight_of, {"w": 0.0}, micro)
+      >>> micro = _split_micro_batches(batch, 2)
+      >>> grads, metrics = _combined_gradient(loss_of, weight_of, {"w": 0.0}, micro)
       >>> float(grads["w"]), float(metrics["loss"])
       (-5.0, 7.5)
     """
@@ -294,20 +288,20 @@ def make_update(spec: UpdateSpec):
     mean, and `finite`, true when every loss was. With `spec.mesh`, params and optimizer state
     come out laid out as `param_shardings` lays them and the metrics replicated. With one step
     per rollout and no value head, `old_log_probs` come from the loss's own pass
-    (`with_old_log_probs`).
+    (`_with_old_log_probs`).
 
     Examples:
       >>> import numpy as np
       >>> from dew.models.llama import build
       >>> from dew.models.registry import SIZES
       >>> from dew.objectives.sft import SFT
-      >>> from dew.rollout.sources import demonstrations
+      >>> from dew.rollout.sources import _demonstrations
       >>> from dew.rollout import Prompter
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
       >>> task = get_task("reverse")
       >>> examples = task.examples(np.random.default_rng(0), 2)
-      >>> batch = demonstrations(Prompter(task, DIGITS), examples)
+      >>> batch = _demonstrations(Prompter(task, DIGITS), examples)
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> params = nnx.to_pure_dict(params)
       >>> options = OptimizerOptions(lr=1e-2)
@@ -326,13 +320,13 @@ def make_update(spec: UpdateSpec):
 
     def one_step(carry, _, micro, frozen):
         def loss_of(params, micro_batch):
-            outputs = outputs_of(
+            outputs = _outputs_of(
                 graphdef, params, micro_batch, objective.needs_values, frozen=frozen, memory=memory
             )
-            return objective.loss(outputs, with_old_log_probs(micro_batch, outputs))
+            return objective.loss(outputs, _with_old_log_probs(micro_batch, outputs))
 
         params, opt_state = carry
-        grads, metrics = combined_gradient(loss_of, objective.loss_weight, params, micro)
+        grads, metrics = _combined_gradient(loss_of, objective.loss_weight, params, micro)
         step_updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, step_updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
@@ -340,7 +334,7 @@ def make_update(spec: UpdateSpec):
 
     def update(params, opt_state, frozen, ref_params, batch):
         count_trace("update")
-        batch = rollout_fields(
+        batch = _rollout_fields(
             graphdef,
             params,
             ref_params,
@@ -351,7 +345,7 @@ def make_update(spec: UpdateSpec):
             old_log_probs=separate_old,
         )
         batch = objective.prepare(batch)
-        micro = split_micro_batches(batch, spec.update.micro_batches)
+        micro = _split_micro_batches(batch, spec.update.micro_batches)
         step = functools.partial(one_step, micro=micro, frozen=frozen)
         (params, opt_state), history = jax.lax.scan(
             step, (params, opt_state), None, length=spec.update.updates_per_rollout
@@ -381,7 +375,7 @@ def make_update(spec: UpdateSpec):
 _COMPILED: dict[UpdateSpec, Callable] = {}
 
 
-def compiled_update(spec: UpdateSpec) -> Callable:
+def _compiled_update(spec: UpdateSpec) -> Callable:
     """`make_update(spec)`, reused across runs of the same spec in one process.
 
     An objective that cannot be hashed (a plain class with mutable state) gets a fresh update.
@@ -392,7 +386,7 @@ def compiled_update(spec: UpdateSpec) -> Callable:
       >>> from dew.objectives.sft import SFT
       >>> graphdef, _ = nnx.split(build(SIZES["tiny"], 0))
       >>> spec = UpdateSpec(graphdef, SFT(), OptimizerOptions(), UpdateOptions())
-      >>> compiled_update(spec) is compiled_update(spec)
+      >>> _compiled_update(spec) is _compiled_update(spec)
       True
     """
     try:
