@@ -57,16 +57,16 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
 """
 
 FULL_DISK_AT_THE_NEXT_METRICS_ROW = """
-from dew.train.runlog import MetricsFile
+from dew.train.runlog import _MetricsFile
 
-real_append = MetricsFile.append
+real_append = _MetricsFile.append
 
 def append(self, row):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
     real_append(self, row)
 
-MetricsFile.append = append
+_MetricsFile.append = append
 """
 
 KILL_IN_THE_MIDDLE_OF_THE_SAVE = """
@@ -104,14 +104,10 @@ resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30), resource.RLIM_INFINITY
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory) -> dict[str, str]:
-    """The children's environment: one persistent compilation cache, so one child compiles."""
-    return {
-        "JAX_PLATFORMS": "cpu",
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("compiled")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
+def compile_cache() -> dict[str, str]:
+    """The children's environment; they inherit the session's compilation cache (conftest.py)."""
+    assert os.environ.get("JAX_COMPILATION_CACHE_DIR"), "the session sets a compilation cache"
+    return {"JAX_PLATFORMS": "cpu"}
 
 
 def run_child(tmp_path, env, argv, fault="pass", before_main="") -> subprocess.CompletedProcess:
