@@ -3,6 +3,7 @@
 The site is built once (strict, offline) into a temporary folder; the tests read its HTML.
 """
 
+import ast
 import html
 import importlib
 import inspect
@@ -187,3 +188,37 @@ def test_the_benchmarks_page_shows_every_measured_function(site):
         # one row per size, forward at least
         assert text.count(f" {name} ") >= 3, name
     assert "where_scan_whitened_time_major" in text and "time to mean reward 0.95" in text
+
+
+def _reliability_section() -> str:
+    """The Reliability section of the training page, up to the next `## ` heading."""
+    page = (ROOT / "docs" / "training.md").read_text()
+    return page.split("\n## Reliability\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _defined_tests(path: Path) -> set[str]:
+    """The test functions `path` defines at its top level."""
+    tree = ast.parse(path.read_text())
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_every_test_the_reliability_table_names_exists():
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", _reliability_section())
+    assert len(named) >= 20, "the table lost its rows, or the pattern no longer reads them"
+    missing = [
+        f"{path}::{test}"
+        for path, test in named
+        if not (ROOT / path).is_file() or test not in _defined_tests(ROOT / path)
+    ]
+    assert missing == []
+
+
+def test_every_row_of_the_reliability_tables_names_a_test():
+    rows = [
+        line
+        for line in _reliability_section().splitlines()
+        if line.startswith("| ") and not line.startswith("| ---")
+    ]
+    headers = {row for row in rows if "held by |" in row}
+    unheld = [row for row in rows if row not in headers and "::test_" not in row.split("|")[-2]]
+    assert len(headers) == 3 and unheld == []

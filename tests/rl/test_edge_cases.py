@@ -57,6 +57,25 @@ def test_clipped_surrogate_loss_of_an_all_masked_batch_is_nan_and_its_metrics_ze
     }
 
 
+@both_modes
+def test_clipped_surrogate_of_an_empty_batch_is_nan_and_its_metrics_zero(jit):
+    # B = 0: documented as token_mean's 0/0, so an empty batch shows instead of training on nothing.
+    empty = jnp.zeros((0, 3))
+    loss, metrics = _maybe_jit(rl.clipped_surrogate, jit)(empty, empty, jnp.ones((0, 3), bool))
+    assert np.isnan(loss)
+    assert {float(v) for v in metrics.values()} == {0.0}
+
+
+@both_modes
+def test_preference_logsigmoid_with_no_pairs_is_nan(jit):
+    # P = 0: documented as the mean of nothing.
+    empty, mask = jnp.zeros((0, 3)), jnp.ones((0, 3), bool)
+    loss = _maybe_jit(lambda *a: rl.preference_logsigmoid(*a, beta=0.1), jit)(
+        empty, empty, empty, empty, mask, mask
+    )
+    assert np.isnan(loss)
+
+
 # --- masked_whiten with too few kept positions -----------------------------------------------
 
 

@@ -126,6 +126,9 @@ def test_terminal_rewards_check_their_arguments():
         terminal_rewards(jnp.ones((3, 1)), MASK)
     with pytest.raises(ValueError, match=r"mask has shape \(3, 4\) but rewards has shape \(2,\)"):
         terminal_rewards(jnp.ones(2), MASK)
+    # T = 0 once failed inside jnp.max ("zero-size array to reduction operation").
+    with pytest.raises(ValueError, match=r"^terminal_rewards: mask has shape \(2, 0\); a reward"):
+        terminal_rewards(jnp.ones(2), jnp.ones((2, 0), bool))
 
 
 def test_overlong_penalty_follows_dapo_equation_13():
@@ -139,12 +142,19 @@ def test_overlong_penalty_follows_dapo_equation_13():
 
 def test_overlong_penalty_checks_its_arguments():
     mask = jnp.ones((2, 4), bool)
-    with pytest.raises(ValueError, match="need 1 <= buffer < max_length, got buffer=0"):
+    with pytest.raises(ValueError, match="overlong_penalty: buffer must be >= 1, got 0"):
         overlong_penalty(mask, max_length=4, buffer=0)
-    with pytest.raises(ValueError, match="buffer=4, max_length=4"):
+    with pytest.raises(ValueError, match="buffer must be < max_length, got buffer=4, max_length=4"):
         overlong_penalty(mask, max_length=4, buffer=4)
     with pytest.raises(ValueError, match=r"overlong_penalty: mask must be \[B, T\]"):
         overlong_penalty(jnp.ones(4, bool), max_length=4, buffer=1)
+
+
+def test_overlong_penalty_takes_traced_lengths_unchecked_and_computes_the_same():
+    # Traced lengths once failed with a TracerBoolConversionError that named no argument.
+    mask = jnp.arange(9)[None, :] < jnp.array([[3], [5], [6], [7], [8]])
+    traced = jax.jit(lambda max_length, buffer: overlong_penalty(mask, max_length, buffer))
+    np.testing.assert_array_equal(traced(7, 2), overlong_penalty(mask, max_length=7, buffer=2))
 
 
 def test_preference_margins_by_hand_and_against_the_loss():

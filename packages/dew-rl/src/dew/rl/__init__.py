@@ -8,6 +8,13 @@ trainer, `entropy` the policy's entropy, and `masked` and `aggregate` the masked
 turn per-token terms into a loss. None of them knows about a model, an objective, the trainer or
 a batch dict, so an objective composes them and this package is testable on fixed arrays.
 
+Arguments are checked when a function is traced, at no cost under `jax.jit`: a wrong rank, a
+mismatched shape, or a hyperparameter out of its range, NaN or infinite is a one-line
+`ValueError` naming the function, the argument and the value. A hyperparameter is checked
+whenever its value is known at trace time (a Python or NumPy number, or a concrete array such as
+`jnp.array(0.5)`); one passed as a traced argument of a jitted function has no value then and
+passes unchecked.
+
 The import arrow points one way. `dew.rl` may import `dew` core; today it imports none of it,
 and the `rl-framework-free` contract keeps it framework-free; nothing else under `dew` but
 `dew.objectives.rl` imports `dew.rl`. That one-way arrow keeps the split into a separate

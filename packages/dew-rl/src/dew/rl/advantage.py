@@ -14,7 +14,18 @@ differentiated: advantages are data for the surrogate.
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_group, check_rank, check_same_shape, compute_dtype
+from dew.rl._checks import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    check_group,
+    check_hyperparameter,
+    check_ordered,
+    check_rank,
+    check_same_shape,
+    compute_dtype,
+)
 from dew.rl.masked import masked_whiten
 
 GROUP_EPS = 1e-6
@@ -64,7 +75,7 @@ def group_advantage(
       rewards: `[B]` one scalar reward per completion, prompt by prompt.
       group: completions per prompt, >= 2, dividing B.
       normalise_by_std: divide by the group deviation (GRPO) or not (Dr.GRPO).
-      eps: added to the deviation.
+      eps: added to the deviation, >= 0 (0 makes a constant group 0/0, NaN).
 
     Returns:
       `[B]` advantages, float32 for low-precision input.
@@ -78,6 +89,7 @@ def group_advantage(
       [ 0.6667 -0.3333 -0.3333  0.      0.      0.    ]
     """
     check_group("group_advantage", rewards, group)
+    check_hyperparameter("group_advantage", "eps", eps, NON_NEGATIVE)
     centred = _centred_groups(rewards, group)
     if normalise_by_std:
         std = jnp.sqrt(jnp.sum(centred * centred, axis=1, keepdims=True) / (group - 1))
@@ -139,6 +151,11 @@ def terminal_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
             f"terminal_rewards: mask has shape {jnp.shape(mask)} but rewards has shape "
             f"{jnp.shape(rewards)}; they must have the same number of rows"
         )
+    if jnp.shape(mask)[1] == 0:
+        raise ValueError(
+            f"terminal_rewards: mask has shape {jnp.shape(mask)}; a reward needs a position "
+            "to sit at (T >= 1)"
+        )
     mask = jnp.asarray(mask).astype(bool)
     rewards = jnp.asarray(rewards)
     position = jnp.arange(mask.shape[1])
@@ -161,7 +178,8 @@ def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array
     equation 13).
 
     Reference: verl d040717's DAPO reward manager (`overlong_buffer`), whose penalty factor 1 this
-    keeps. `max_length <= buffer` or `buffer < 1` is a `ValueError`.
+    keeps. `max_length <= buffer` or `buffer < 1` is a `ValueError`; traced lengths are taken
+    unchecked.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -170,11 +188,9 @@ def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array
       [ 0.  -0.5 -1.  -1. ]
     """
     check_rank("overlong_penalty", "mask", mask, 2, "[B, T]")
-    if buffer < 1 or max_length <= buffer:
-        raise ValueError(
-            f"overlong_penalty: need 1 <= buffer < max_length, got buffer={buffer}, "
-            f"max_length={max_length}"
-        )
+    check_hyperparameter("overlong_penalty", "max_length", max_length, POSITIVE)
+    check_hyperparameter("overlong_penalty", "buffer", buffer, AT_LEAST_ONE)
+    check_ordered("overlong_penalty", "buffer", buffer, "max_length", max_length, strict=True)
     length = jnp.sum(jnp.asarray(mask).astype(bool).astype(jnp.float32), axis=1)
     penalty = ((max_length - buffer) - length) / buffer
     return jnp.clip(jnp.minimum(penalty, 0.0), -1.0, 0.0)
@@ -242,8 +258,8 @@ def gae(
       token_rewards: `[B, T]` reward of each step.
       values: `[B, T]` critic values `V(s_t)`.
       mask: `[B, T]` bool or 0/1, true on the steps that count.
-      gamma: discount.
-      lam: GAE trace parameter (lambda).
+      gamma: discount, in [0, 1].
+      lam: GAE trace parameter (lambda), in [0, 1].
 
     Returns:
       `(advantages, returns)`, each `[B, T]` float32.
@@ -260,6 +276,8 @@ def gae(
     check_rank("gae", "token_rewards", token_rewards, 2, "[B, T]")
     check_same_shape("gae", "values", values, "token_rewards", token_rewards)
     check_same_shape("gae", "mask", mask, "token_rewards", token_rewards)
+    check_hyperparameter("gae", "gamma", gamma, UNIT)
+    check_hyperparameter("gae", "lam", lam, UNIT)
     rewards = jnp.asarray(token_rewards).astype(jnp.float32)
     values = jnp.asarray(values).astype(jnp.float32)
     mask = jnp.asarray(mask).astype(bool)

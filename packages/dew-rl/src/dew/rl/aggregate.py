@@ -18,7 +18,7 @@ value nor gradient.
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_rank, check_same_shape
+from dew.rl._checks import AT_LEAST_ONE, check_hyperparameter, check_rank, check_same_shape
 from dew.rl.masked import MEAN_EPS, _kept
 
 
@@ -175,8 +175,7 @@ def sequence_mean_token_sum_norm_parts(
     name = "sequence_mean_token_sum_norm_parts"
     kept, mask = _rows(name, x, mask)
     length = kept.shape[1] if length is None else length
-    if isinstance(length, int) and length < 1:
-        raise ValueError(f"{name}: length must be >= 1, got {length}")
+    check_hyperparameter(name, "length", length, AT_LEAST_ONE)
     rows = jnp.sum(jnp.any(mask, axis=1), dtype=kept.dtype)
     return jnp.sum(kept), rows * length
 

@@ -18,7 +18,13 @@ masked inputs are replaced before any arithmetic.
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_rank, check_same_shape, check_static
+from dew.rl._checks import (
+    POSITIVE,
+    check_hyperparameter,
+    check_ordered,
+    check_rank,
+    check_same_shape,
+)
 from dew.rl._ops import clip, kept_floats
 from dew.rl.masked import MEAN_EPS, masked_mean
 from dew.rl.ratio import LOG_RATIO_BOUND
@@ -43,10 +49,9 @@ def _sequence_weights(log_ratio, mask):
 
 
 def _check_band(name, low, high):
-    check_static(name, "low", low, above=0, inclusive=False)
-    check_static(name, "high", high, above=0, inclusive=False)
-    if isinstance(low, float | int) and isinstance(high, float | int) and low > high:
-        raise ValueError(f"{name}: low must be <= high, got low={low}, high={high}")
+    check_hyperparameter(name, "low", low, POSITIVE)
+    check_hyperparameter(name, "high", high, POSITIVE)
+    check_ordered(name, "low", low, "high", high, strict=False)
 
 
 def sequence_importance_weights(
@@ -74,7 +79,7 @@ def sequence_importance_weights(
        [0.3679 0.3679]]
     """
     name = "sequence_importance_weights"
-    check_static(name, "cap", cap, above=0, inclusive=False)
+    check_hyperparameter(name, "cap", cap, POSITIVE)
     log_ratio, mask = _log_ratio(name, old_log_probs, behavior_log_probs, mask)
     weights = jnp.minimum(_sequence_weights(log_ratio, mask), cap)
     return jax.lax.stop_gradient(weights)
@@ -198,9 +203,9 @@ def rejection_mask(
         raise ValueError(f"{name}: level 'sequence_max' takes estimator 'k2' or 'k3', not 'k1'")
     if lower is not None and estimator != "k1":
         raise ValueError(f"{name}: lower applies to estimator 'k1' only, got {estimator!r}")
-    check_static(name, "upper", upper, above=0, inclusive=False)
+    check_hyperparameter(name, "upper", upper, POSITIVE)
     if lower is not None:
-        check_static(name, "lower", lower, above=0, inclusive=False)
+        check_hyperparameter(name, "lower", lower, POSITIVE)
     log_ratio, mask = _log_ratio(name, old_log_probs, behavior_log_probs, mask)
     log_ratio = clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     statistic = {

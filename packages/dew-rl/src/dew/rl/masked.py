@@ -15,7 +15,13 @@ Low-precision inputs (bf16, f16) are reduced in float32 and the result is float3
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_rank, check_same_shape, compute_dtype
+from dew.rl._checks import (
+    AT_LEAST_ONE,
+    check_hyperparameter,
+    check_rank,
+    check_same_shape,
+    compute_dtype,
+)
 
 MEAN_EPS = 1e-8
 """Added to `masked_mean`'s count so that an all-masked mean is 0, as in verl."""
@@ -202,7 +208,6 @@ def constant_length_mean(x: jax.Array, mask: jax.Array, length: int | None = Non
     check_rank("constant_length_mean", "x", x, 2, "[B, T]")
     check_same_shape("constant_length_mean", "mask", mask, "x", x)
     length = jnp.shape(x)[1] if length is None else length
-    if isinstance(length, int) and length < 1:
-        raise ValueError(f"constant_length_mean: length must be >= 1, got {length}")
+    check_hyperparameter("constant_length_mean", "length", length, AT_LEAST_ONE)
     kept, _ = _kept(x, mask)
     return jnp.sum(kept) / (kept.shape[0] * length)

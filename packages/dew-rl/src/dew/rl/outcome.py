@@ -14,7 +14,14 @@ positions of a `[B, T]` result hold 0.
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_group, check_rank, check_same_shape, check_static
+from dew.rl._checks import (
+    NON_NEGATIVE,
+    UNIT,
+    check_group,
+    check_hyperparameter,
+    check_rank,
+    check_same_shape,
+)
 from dew.rl._ops import as_float, kept_floats
 from dew.rl.advantage import GROUP_EPS, _centred_groups, group_advantage
 from dew.rl.masked import masked_whiten
@@ -82,7 +89,7 @@ def reinforce_plus_plus_advantage(
     name = "reinforce_plus_plus_advantage"
     check_rank(name, "token_rewards", token_rewards, 2, "[B, T]")
     check_same_shape(name, "mask", mask, "token_rewards", token_rewards)
-    check_static(name, "gamma", gamma, above=0, inclusive=True)
+    check_hyperparameter(name, "gamma", gamma, UNIT)
     mask, (token_rewards,) = kept_floats(mask, token_rewards)
     returns = _returns_to_go(token_rewards, mask, gamma)
     return jnp.where(mask, masked_whiten(returns, mask), 0), returns
@@ -234,7 +241,7 @@ def pass_at_k_advantage(
     """
     name = "pass_at_k_advantage"
     check_group(name, rewards, group)
-    check_static(name, "eps", eps, above=0, inclusive=True)
+    check_hyperparameter(name, "eps", eps, NON_NEGATIVE)
     (rewards,) = as_float(rewards)
     grouped = rewards.reshape(-1, group)
     top_two = jax.lax.top_k(grouped, 2)[0]
@@ -286,6 +293,7 @@ def gdpo_advantage(
                 f"shape {jnp.shape(component_rewards)}; one weight per component"
             )
     check_group(name, jnp.asarray(component_rewards)[:, 0], group)
+    check_hyperparameter(name, "eps", eps, NON_NEGATIVE)
     (component_rewards,) = as_float(component_rewards)
     weights = jnp.ones(components, jnp.float32) if weights is None else jnp.asarray(weights)
     total = sum(
@@ -316,7 +324,7 @@ def batch_std_advantage(rewards: jax.Array, group: int, eps: float = BATCH_STD_E
     """
     name = "batch_std_advantage"
     check_group(name, rewards, group)
-    check_static(name, "eps", eps, above=0, inclusive=True)
+    check_hyperparameter(name, "eps", eps, NON_NEGATIVE)
     (rewards,) = as_float(rewards)
     centred_batch = rewards - jnp.mean(rewards)
     std = jnp.sqrt(jnp.sum(centred_batch * centred_batch) / (rewards.shape[0] - 1))

@@ -18,7 +18,16 @@ or inf in padding reaches neither the loss nor a gradient.
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_rank, check_same_shape, check_static
+from dew.rl._checks import (
+    ABOVE_ONE,
+    FINITE,
+    NON_NEGATIVE,
+    POSITIVE,
+    check_hyperparameter,
+    check_ordered,
+    check_rank,
+    check_same_shape,
+)
 from dew.rl._ops import as_float, clip, kept_floats
 from dew.rl.masked import masked_mean, token_mean
 from dew.rl.ratio import LOG_RATIO_BOUND
@@ -39,10 +48,9 @@ def _dual_clipped_terms(
         advantages = jnp.asarray(advantages)[:, None]
     else:
         check_same_shape(name, "advantages", advantages, "log_ratio", log_ratio)
-    check_static(name, "epsilon_low", epsilon_low, above=0, inclusive=True)
-    check_static(name, "epsilon_high", epsilon_high, above=0, inclusive=True)
+    _check_epsilons(name, epsilon_low, epsilon_high)
     if dual_clip is not None:
-        check_static(name, "dual_clip", dual_clip, above=1, inclusive=False)
+        check_hyperparameter(name, "dual_clip", dual_clip, ABOVE_ONE)
     mask = jnp.asarray(mask).astype(bool)
     log_ratio, advantages = as_float(log_ratio, advantages)
     log_ratio = jnp.where(mask, log_ratio, 0)
@@ -129,7 +137,9 @@ def clipped_surrogate(
     advantage shapes (`[B, T]` or `[B]`).
 
     Returns the loss and a dict of float32 scalar metrics: `pg_clipfrac`, `pg_clipfrac_lower` and
-    `ppo_kl` (`masked_mean(-log_ratio, mask)`).
+    `ppo_kl` (`masked_mean(-log_ratio, mask)`). A batch with no kept token (`B = 0`, or every
+    position masked) gives a NaN loss, `token_mean`'s 0/0, so an empty batch shows instead of
+    training on nothing; the metrics are then 0.
 
     Reference: verl d040717 `compute_policy_loss_vanilla` (loss and metrics); Tunix 0.1.7
     `grpo_loss_fn` with token-mean and `epsilon_c`. `dual_clip <= 1` and negative epsilons are
@@ -176,8 +186,8 @@ def _token_inputs(name, log_probs, old_log_probs, advantages, mask, first="log_p
 
 
 def _check_epsilons(name, epsilon_low, epsilon_high):
-    check_static(name, "epsilon_low", epsilon_low, above=0, inclusive=True)
-    check_static(name, "epsilon_high", epsilon_high, above=0, inclusive=True)
+    check_hyperparameter(name, "epsilon_low", epsilon_low, NON_NEGATIVE)
+    check_hyperparameter(name, "epsilon_high", epsilon_high, NON_NEGATIVE)
 
 
 def _clamped_ratio(log_probs, old_log_probs):
@@ -254,8 +264,8 @@ def sapo_terms(
       [[-2. -2.]]
     """
     name = "sapo_terms"
-    check_static(name, "tau_positive", tau_positive, above=0, inclusive=False)
-    check_static(name, "tau_negative", tau_negative, above=0, inclusive=False)
+    check_hyperparameter(name, "tau_positive", tau_positive, POSITIVE)
+    check_hyperparameter(name, "tau_negative", tau_negative, POSITIVE)
     mask, log_probs, advantages, old_log_probs = _token_inputs(
         name, log_probs, old_log_probs, advantages, mask
     )
@@ -353,7 +363,7 @@ def dppo_tv_terms(
     """
     name = "dppo_tv_terms"
     _check_epsilons(name, epsilon_low, epsilon_high)
-    check_static(name, "cap", cap, above=0, inclusive=False)
+    check_hyperparameter(name, "cap", cap, POSITIVE)
     mask, log_probs, advantages, old_log_probs = _token_inputs(
         name, log_probs, old_log_probs, advantages, mask
     )
@@ -397,7 +407,7 @@ def dppo_kl_terms(
     """
     name = "dppo_kl_terms"
     _check_epsilons(name, epsilon_low, epsilon_high)
-    check_static(name, "cap", cap, above=0, inclusive=False)
+    check_hyperparameter(name, "cap", cap, POSITIVE)
     mask, log_probs, advantages, old_log_probs = _token_inputs(
         name, log_probs, old_log_probs, advantages, mask
     )
@@ -464,7 +474,10 @@ def clip_cov_terms(
     """
     name = "clip_cov_terms"
     _check_epsilons(name, epsilon_low, epsilon_high)
-    check_static(name, "clip_ratio", clip_ratio, above=0, inclusive=False)
+    check_hyperparameter(name, "clip_ratio", clip_ratio, POSITIVE)
+    check_hyperparameter(name, "cov_low", cov_low, FINITE)
+    check_hyperparameter(name, "cov_high", cov_high, FINITE)
+    check_ordered(name, "cov_low", cov_low, "cov_high", cov_high, strict=True)
     mask, log_probs, advantages, old_log_probs = _token_inputs(
         name, log_probs, old_log_probs, advantages, mask
     )
@@ -513,7 +526,8 @@ def kl_cov_terms(
       [[-3.2974  3.7974 -1.6487  1.6487]]
     """
     name = "kl_cov_terms"
-    check_static(name, "kl_ratio", kl_ratio, above=0, inclusive=False)
+    check_hyperparameter(name, "kl_ratio", kl_ratio, POSITIVE)
+    check_hyperparameter(name, "kl_coef", kl_coef, NON_NEGATIVE)
     mask, log_probs, advantages, old_log_probs = _token_inputs(
         name, log_probs, old_log_probs, advantages, mask
     )
@@ -592,7 +606,7 @@ def dro_terms(
       [[1.25 2.25]]
     """
     name = "dro_terms"
-    check_static(name, "beta", beta, above=0, inclusive=False)
+    check_hyperparameter(name, "beta", beta, POSITIVE)
     mask, log_probs, advantages, old_log_probs = _token_inputs(
         name, log_probs, old_log_probs, advantages, mask
     )
@@ -631,7 +645,7 @@ def two_sided_clipped_surrogate_terms(
     """
     name = "two_sided_clipped_surrogate_terms"
     _check_epsilons(name, epsilon_low, epsilon_high)
-    check_static(name, "delta", delta, above=1, inclusive=False)
+    check_hyperparameter(name, "delta", delta, ABOVE_ONE)
     mask, log_ratio, advantages = _token_inputs(
         name, log_ratio, None, advantages, mask, first="log_ratio"
     )

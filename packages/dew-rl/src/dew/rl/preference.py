@@ -17,7 +17,15 @@ model's scalar rewards. Reduce the per-pair losses with `jnp.mean`.
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_rank, check_same_shape, check_static
+from dew.rl._checks import (
+    FINITE,
+    NON_NEGATIVE,
+    POSITIVE,
+    Range,
+    check_hyperparameter,
+    check_rank,
+    check_same_shape,
+)
 from dew.rl._ops import as_float, kept_floats
 
 
@@ -36,6 +44,7 @@ def _margins(
             f"{name}: policy_chosen has shape {jnp.shape(policy_chosen)} but policy_rejected has "
             f"shape {jnp.shape(policy_rejected)}; they must hold the same number of pairs"
         )
+    check_hyperparameter(name, "beta", beta, POSITIVE)
     arrays = as_float(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
     chosen = jnp.asarray(mask_chosen).astype(bool)
     rejected = jnp.asarray(mask_rejected).astype(bool)
@@ -136,7 +145,7 @@ def preference_logsigmoid(
       beta: inverse temperature of the implicit reward.
 
     Returns:
-      The scalar loss.
+      The scalar loss; NaN for no pairs (`P = 0`), the mean of nothing.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -168,10 +177,8 @@ def _pair_arrays(name: str, **arrays) -> list[jax.Array]:
     return as_float(*arrays.values())
 
 
-def _check_label_smoothing(name: str, label_smoothing, high: float) -> None:
-    check_static(name, "label_smoothing", label_smoothing, above=0, inclusive=True)
-    if isinstance(label_smoothing, float | int) and label_smoothing >= high:
-        raise ValueError(f"{name}: label_smoothing must be < {high}, got {label_smoothing}")
+LABEL_SMOOTHING = Range(0, 0.5, high_open=True)
+"""A label flipped with probability 0.5 or more carries no preference, or the opposite one."""
 
 
 def sigmoid_preference_loss(margins: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
@@ -194,7 +201,9 @@ def sigmoid_preference_loss(margins: jax.Array, label_smoothing: float = 0.0) ->
       [0.6931 0.3269]
     """
     (margins,) = _pair_arrays("sigmoid_preference_loss", margins=margins)
-    _check_label_smoothing("sigmoid_preference_loss", label_smoothing, 0.5)
+    check_hyperparameter(
+        "sigmoid_preference_loss", "label_smoothing", label_smoothing, LABEL_SMOOTHING
+    )
     return -(1 - label_smoothing) * jax.nn.log_sigmoid(
         margins
     ) - label_smoothing * jax.nn.log_sigmoid(-margins)
@@ -217,7 +226,9 @@ def robust_preference_loss(margins: jax.Array, label_smoothing: float) -> jax.Ar
       [ 0.6931 -0.1231]
     """
     (margins,) = _pair_arrays("robust_preference_loss", margins=margins)
-    _check_label_smoothing("robust_preference_loss", label_smoothing, 0.5)
+    check_hyperparameter(
+        "robust_preference_loss", "label_smoothing", label_smoothing, LABEL_SMOOTHING
+    )
     clean = -(1 - label_smoothing) * jax.nn.log_sigmoid(margins)
     flipped = -label_smoothing * jax.nn.log_sigmoid(-margins)
     return (clean - flipped) / (1 - 2 * label_smoothing)
@@ -294,7 +305,7 @@ def ipo_preference_loss(
     name = "ipo_preference_loss"
     check_same_shape(name, "ref_chosen", ref_chosen, "policy_chosen", policy_chosen)
     check_same_shape(name, "ref_rejected", ref_rejected, "policy_rejected", policy_rejected)
-    check_static(name, "beta", beta, above=0, inclusive=False)
+    check_hyperparameter(name, "beta", beta, POSITIVE)
     policy_chosen, ref_chosen = as_float(policy_chosen, ref_chosen)
     policy_rejected, ref_rejected = as_float(policy_rejected, ref_rejected)
     chosen, rejected = _average_scores(
@@ -338,8 +349,9 @@ def simpo_loss(
       [0.6931]
     """
     name = "simpo_loss"
-    check_static(name, "beta", beta, above=0, inclusive=False)
-    _check_label_smoothing(name, label_smoothing, 0.5)
+    check_hyperparameter(name, "beta", beta, POSITIVE)
+    check_hyperparameter(name, "gamma", gamma, FINITE)
+    check_hyperparameter(name, "label_smoothing", label_smoothing, LABEL_SMOOTHING)
     chosen, rejected = _average_scores(
         name, policy_chosen, policy_rejected, mask_chosen, mask_rejected
     )
@@ -389,7 +401,7 @@ def orpo_odds_ratio_loss(
       [0.0693]
     """
     name = "orpo_odds_ratio_loss"
-    check_static(name, "beta", beta, above=0, inclusive=False)
+    check_hyperparameter(name, "beta", beta, POSITIVE)
     chosen, rejected = _average_scores(
         name, policy_chosen, policy_rejected, mask_chosen, mask_rejected
     )
@@ -429,7 +441,9 @@ def kto_loss(
     check_rank(name, "log_ratios", log_ratios, 1, "[N]")
     check_same_shape(name, "desirable", desirable, "log_ratios", log_ratios)
     check_rank(name, "reference_kl", reference_kl, 0, "a scalar")
-    check_static(name, "beta", beta, above=0, inclusive=False)
+    check_hyperparameter(name, "beta", beta, POSITIVE)
+    check_hyperparameter(name, "desirable_weight", desirable_weight, NON_NEGATIVE)
+    check_hyperparameter(name, "undesirable_weight", undesirable_weight, NON_NEGATIVE)
     log_ratios, reference_kl = as_float(log_ratios, reference_kl)
     anchor = jnp.maximum(jax.lax.stop_gradient(reference_kl), 0)
     desirable = jnp.asarray(desirable).astype(bool)

@@ -15,7 +15,7 @@ gradient.
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_rank, check_same_shape, check_static
+from dew.rl._checks import POSITIVE, check_hyperparameter, check_rank, check_same_shape
 from dew.rl._ops import as_float, clip
 from dew.rl.masked import segment_mean
 
@@ -148,7 +148,7 @@ def behavior_importance_weights(
         old_log_probs,
     )
     check_same_shape("behavior_importance_weights", "mask", mask, "old_log_probs", old_log_probs)
-    check_static("behavior_importance_weights", "cap", cap, above=0, inclusive=False)
+    check_hyperparameter("behavior_importance_weights", "cap", cap, POSITIVE)
     mask = jnp.asarray(mask).astype(bool)
     old_log_probs, behavior_log_probs = as_float(old_log_probs, behavior_log_probs)
     log_ratio = jnp.where(mask, old_log_probs - behavior_log_probs, 0)

@@ -9,7 +9,7 @@
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_same_shape, check_static
+from dew.rl._checks import NON_NEGATIVE, check_hyperparameter, check_same_shape
 from dew.rl._ops import kept_floats
 
 
@@ -51,7 +51,7 @@ def clipped_value_loss_terms(
     check_same_shape(name, "old_values", old_values, "predicted", predicted)
     if mask is not None:
         check_same_shape(name, "mask", mask, "predicted", predicted)
-    check_static(name, "clip", clip, above=0, inclusive=True)
+    check_hyperparameter(name, "clip", clip, NON_NEGATIVE)
     kept, (predicted, returns, old_values) = kept_floats(mask, predicted, returns, old_values)
     returns = jax.lax.stop_gradient(returns)
     old_values = jax.lax.stop_gradient(old_values)

@@ -9,6 +9,7 @@ built-in ones: `MetricsLog` (`metrics.jsonl`), `Progress` (the live display), `C
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +104,11 @@ class Checkpointing(Callback):
 
 
 class RewardPlot(Callback):
-    """Draws `reward.png` from the metrics rows when the run ends."""
+    """Draws `reward.png` from the metrics rows when the run ends.
+
+    A plot that cannot be written (a full disk) is a one-line warning: it runs while the run
+    stops, and must not hide the error that stopped it.
+    """
 
     def __init__(self, path: Path, title: str):
         self.path, self.title = path, title
@@ -111,8 +116,13 @@ class RewardPlot(Callback):
     def on_end(self, trainer: "Trainer") -> None:
         from dew.train.plot import plot_run  # matplotlib loads only when a plot is drawn
 
-        if trainer.log.rows:
+        if not trainer.log.rows:
+            return
+        try:
             plot_run(trainer.log.rows, self.path, self.title)
+        except OSError as error:
+            reason = error.strerror or error
+            print(f"dew: warning: could not write {self.path}: {reason}", file=sys.stderr)
 
 
 class SampleLog(Callback):

@@ -57,7 +57,7 @@ _EVAL_STREAM = 0xE7A1 << 12
 
 
 class TrainingError(RuntimeError):
-    """Training stopped: a non-finite loss (the last good checkpoint is kept)."""
+    """Training stopped: a non-finite loss or a file it could not write; the checkpoints stay."""
 
 
 @dataclasses.dataclass
@@ -356,6 +356,17 @@ class Trainer:
             "steps_per_s": 1.0 / (finished - began),
         }
 
+    def _record(self, row: dict[str, Any]) -> None:
+        """Hand `row` to the callbacks' `on_metrics`; a file they cannot write stops the run."""
+        try:
+            for callback in self.callbacks:
+                callback.on_metrics(self, row)
+        except OSError as error:
+            raise TrainingError(
+                f"could not write the metrics of step {row['step']} in {self.run_dir}: "
+                f"{error.strerror or error}; {self._kept()}"
+            ) from error
+
     def _check(self, row: dict[str, Any]) -> None:
         if not row["finite"] or not math.isfinite(row["loss"]):
             raise TrainingError(
@@ -371,8 +382,7 @@ class Trainer:
             for step in range(self.step + 1, self.config.run.steps + 1):
                 row = self.train_step(step)
                 finite = row.pop("finite")
-                for callback in self.callbacks:
-                    callback.on_metrics(self, row)
+                self._record(row)
                 self._check({**row, "finite": finite})
                 for callback in self.callbacks:
                     callback.on_step(self, row)

@@ -1,0 +1,230 @@
+"""Real faults, each in a `dew train` subprocess: a full disk, out of memory, kill -9 in the middle
+of a checkpoint save, Ctrl-C twice during a save, and an `--out` nothing can be written under.
+
+The faults are the kernel's, not monkeypatched exceptions: a file-size limit of 0 makes every
+write fail as a full disk makes it fail, an address-space limit makes the allocations fail, and
+the kill and the signals are real. Each child runs the `dew` command's `main` with a small hook
+at the save of step 2, where the fault is triggered.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dew import cli
+from dew.train.checkpoint import Checkpoints
+from dew.train.runlog import read_metrics
+
+RUN = ["train", "--objective", "sft", "--model", "tiny", "--prompts", "4", "--quiet"]
+TIMING = {"time", "rollout_s", "update_s", "steps_per_s", "sampler_tokens_per_s"}
+
+CHILD = """
+import os, resource, signal, sys
+
+from dew import cli
+from dew.train.checkpoint import Checkpoints
+
+
+def fault(checkpoints):
+{fault}
+
+
+real_save = Checkpoints.save
+
+
+def save(self, step, state):
+    if step == 2:
+        fault(self)
+    real_save(self, step, state)
+
+
+Checkpoints.save = save
+{before_main}
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+FULL_DISK = """
+# From here on every write to a file fails (EFBIG), as every write fails on a full disk (ENOSPC).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+"""
+
+FULL_DISK_AT_THE_NEXT_METRICS_ROW = """
+from dew.train.runlog import _MetricsFile
+
+real_append = _MetricsFile.append
+
+def append(self, row):
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+    real_append(self, row)
+
+_MetricsFile.append = append
+"""
+
+KILL_IN_THE_MIDDLE_OF_THE_SAVE = """
+# The data files of step 2 are written; the kill lands before the folder is renamed into place.
+from orbax.checkpoint._src.path import atomicity
+
+async def killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+atomicity.AtomicRenameTemporaryPath.finalize = killed
+"""
+
+CTRL_C_TWICE_DURING_THE_SAVE = """
+orbax_save = checkpoints.manager.save
+
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    return orbax_save(*args, **kwargs)
+
+checkpoints.manager.save = interrupted
+"""
+
+# JAX's runtime reserves its address space at start; 2 GiB more is far below what 100,000
+# prompts of 8 completions need, and far above what 4 prompts do.
+ADDRESS_SPACE_LIMITED = """
+import jax
+import jax.numpy as jnp
+
+jax.block_until_ready(jnp.zeros(1) + 1)
+with open("/proc/self/status") as status:
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30), resource.RLIM_INFINITY))
+"""
+
+
+@pytest.fixture(scope="module")
+def compile_cache() -> dict[str, str]:
+    """The children's environment; they inherit the session's compilation cache (conftest.py)."""
+    assert os.environ.get("JAX_COMPILATION_CACHE_DIR"), "the session sets a compilation cache"
+    return {"JAX_PLATFORMS": "cpu"}
+
+
+def run_child(tmp_path, env, argv, fault="pass", before_main="") -> subprocess.CompletedProcess:
+    script = tmp_path / "child.py"
+    script.write_text(
+        CHILD.format(fault=textwrap.indent(fault.strip(), "    "), before_main=before_main)
+    )
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, returncode: int) -> str:
+    """The child's last stderr line, after checking its status and that nothing else went wrong."""
+    assert done.returncode == returncode, done.stderr
+    assert "Traceback" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr
+    return done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("fault", "message", "kept"),
+    [
+        (FULL_DISK, "could not write the checkpoint of step 2 in {run}/checkpoints", 1),
+        (FULL_DISK_AT_THE_NEXT_METRICS_ROW, "could not write the metrics of step 3 in {run}", 2),
+    ],
+    ids=["during-a-save", "at-a-metrics-row"],
+)
+def test_a_real_full_disk_is_one_line_and_keeps_the_last_checkpoint(
+    tmp_path, compile_cache, fault, message, kept
+):
+    run = tmp_path / "run"
+    argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
+    done = run_child(tmp_path, compile_cache, argv, fault)
+    error = assert_one_line_error(done, 1)
+    assert (
+        error == f"dew: {message.format(run=run)}: File too large; checkpoint of step {kept} kept"
+    )
+    # reward.png cannot be written either: a warning, which does not hide the error.
+    assert len(done.stderr.strip().splitlines()) <= 2, done.stderr
+    assert Checkpoints(run / "checkpoints").latest_step() == kept
+
+
+def test_real_out_of_memory_names_the_settings_to_lower(tmp_path, compile_cache):
+    run = tmp_path / "run"
+    argv = [*RUN[:-2], "100000", "--quiet", "--steps", "2", "--out", run]
+    done = run_child(tmp_path, compile_cache, argv, before_main=ADDRESS_SPACE_LIMITED)
+    error = assert_one_line_error(done, 1)
+    assert error.startswith("dew: out of memory at step 1: lower --prompts (100000) or --group (8)")
+    assert error.endswith("no checkpoint saved")
+
+
+def test_kill_9_in_the_middle_of_a_save_then_resume_replays_the_lost_step_bit_exactly(
+    tmp_path, compile_cache
+):
+    run = tmp_path / "run"
+    argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
+    done = run_child(tmp_path, compile_cache, argv, KILL_IN_THE_MIDDLE_OF_THE_SAVE)
+    assert done.returncode == -9, done.stderr
+    assert list((run / "checkpoints").glob("2.orbax-checkpoint-tmp*"))  # the save it cut short
+    assert Checkpoints(run / "checkpoints").latest_step() == 1
+    killed = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in killed] == [1, 2]
+
+    assert cli.main(["train", "--resume", "--out", str(run), "--quiet"]) == 0
+    rows = read_metrics(run)
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    # Step 2 ran again from checkpoint 1 and gave the killed run's numbers exactly.
+    assert [{k: v for k, v in row.items() if k not in TIMING} for row in rows[:2]] == [
+        {k: v for k, v in row.items() if k not in TIMING} for row in killed
+    ]
+    assert Checkpoints(run / "checkpoints").latest_step() == 3
+
+
+def test_ctrl_c_twice_during_a_save_finishes_the_save_then_stops(tmp_path, compile_cache):
+    run = tmp_path / "run"
+    argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
+    done = run_child(tmp_path, compile_cache, argv, CTRL_C_TWICE_DURING_THE_SAVE)
+    error = assert_one_line_error(done, 130)
+    assert error == "dew: interrupted; the last checkpoint is kept"
+    assert Checkpoints(run / "checkpoints").latest_step() == 2  # the save the signals came in
+    assert (run / "reward.png").stat().st_size > 0
+
+
+@contextlib.contextmanager
+def unwritable(place: Path):
+    """`place` made a folder nothing can be created in, for the duration of the block.
+
+    Permissions stop an ordinary user; root ignores them, and only an immutable folder
+    (`chattr +i`, where the filesystem and the container allow it) stops root.
+    """
+    if os.geteuid() != 0:
+        place.chmod(0o555)
+        try:
+            yield
+        finally:
+            place.chmod(0o755)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(place)], capture_output=True).returncode:
+        pytest.skip("as root only an immutable folder is unwritable, and chattr +i is unavailable")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(place)], check=True)
+
+
+def test_an_out_under_an_unwritable_folder_is_one_line_and_creates_nothing(capsys, tmp_path):
+    place = tmp_path / "place"
+    place.mkdir()
+    with unwritable(place):
+        with pytest.raises(PermissionError):
+            (place / "probe").mkdir()  # the folder really refuses writes
+        assert cli.main([*RUN, "--steps", "1", "--out", str(place / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"dew: error: --out {place / 'run'}: {place} is not writable"
+    assert list(place.iterdir()) == []
