@@ -104,7 +104,7 @@ resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30), resource.RLIM_INFINITY
 
 
 @pytest.fixture(scope="module")
-def compile_cache() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The children's environment; they inherit the session's compilation cache (conftest.py)."""
     assert os.environ.get("JAX_COMPILATION_CACHE_DIR"), "the session sets a compilation cache"
     return {"JAX_PLATFORMS": "cpu"}
@@ -140,11 +140,11 @@ def assert_one_line_error(done: subprocess.CompletedProcess, returncode: int) ->
     ids=["during-a-save", "at-a-metrics-row"],
 )
 def test_a_real_full_disk_is_one_line_and_keeps_the_last_checkpoint(
-    tmp_path, compile_cache, fault, message, kept
+    tmp_path, child_env, fault, message, kept
 ):
     run = tmp_path / "run"
     argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
-    done = run_child(tmp_path, compile_cache, argv, fault)
+    done = run_child(tmp_path, child_env, argv, fault)
     error = assert_one_line_error(done, 1)
     assert (
         error == f"dew: {message.format(run=run)}: File too large; checkpoint of step {kept} kept"
@@ -154,21 +154,21 @@ def test_a_real_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     assert Checkpoints(run / "checkpoints").latest_step() == kept
 
 
-def test_real_out_of_memory_names_the_settings_to_lower(tmp_path, compile_cache):
+def test_real_out_of_memory_names_the_settings_to_lower(tmp_path, child_env):
     run = tmp_path / "run"
     argv = [*RUN[:-2], "100000", "--quiet", "--steps", "2", "--out", run]
-    done = run_child(tmp_path, compile_cache, argv, before_main=ADDRESS_SPACE_LIMITED)
+    done = run_child(tmp_path, child_env, argv, before_main=ADDRESS_SPACE_LIMITED)
     error = assert_one_line_error(done, 1)
     assert error.startswith("dew: out of memory at step 1: lower --prompts (100000) or --group (8)")
     assert error.endswith("no checkpoint saved")
 
 
 def test_kill_9_in_the_middle_of_a_save_then_resume_replays_the_lost_step_bit_exactly(
-    tmp_path, compile_cache
+    tmp_path, child_env
 ):
     run = tmp_path / "run"
     argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
-    done = run_child(tmp_path, compile_cache, argv, KILL_IN_THE_MIDDLE_OF_THE_SAVE)
+    done = run_child(tmp_path, child_env, argv, KILL_IN_THE_MIDDLE_OF_THE_SAVE)
     assert done.returncode == -9, done.stderr
     assert list((run / "checkpoints").glob("2.orbax-checkpoint-tmp*"))  # the save it cut short
     assert Checkpoints(run / "checkpoints").latest_step() == 1
@@ -185,10 +185,10 @@ def test_kill_9_in_the_middle_of_a_save_then_resume_replays_the_lost_step_bit_ex
     assert Checkpoints(run / "checkpoints").latest_step() == 3
 
 
-def test_ctrl_c_twice_during_a_save_finishes_the_save_then_stops(tmp_path, compile_cache):
+def test_ctrl_c_twice_during_a_save_finishes_the_save_then_stops(tmp_path, child_env):
     run = tmp_path / "run"
     argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
-    done = run_child(tmp_path, compile_cache, argv, CTRL_C_TWICE_DURING_THE_SAVE)
+    done = run_child(tmp_path, child_env, argv, CTRL_C_TWICE_DURING_THE_SAVE)
     error = assert_one_line_error(done, 130)
     assert error == "dew: interrupted; the last checkpoint is kept"
     assert Checkpoints(run / "checkpoints").latest_step() == 2  # the save the signals came in

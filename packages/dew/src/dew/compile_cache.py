@@ -2,8 +2,8 @@
 
 The `dew` command turns it on (`--no-compile-cache` turns it off) in `default_cache_dir()`, a
 folder under the user's cache directory, unless `JAX_COMPILATION_CACHE_DIR` already names one.
-Every compiled program is kept, however quickly it compiled: on the default job the cache turns
-about 20 s of compiling into about 6 s of tracing (`benchmarks/train.py` measures it).
+Every compiled program is kept, however quickly it compiled: a 3-step default `dew train` in a
+new process took 22.1 s with an empty cache and 7.1 s with a filled one (2 cores, under load).
 """
 
 import os
