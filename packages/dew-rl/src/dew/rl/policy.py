@@ -341,9 +341,10 @@ def dppo_tv_terms(
 ) -> jax.Array:
     r"""Per-token DPPO-Binary-TV terms: REINFORCE inside a probability trust region.
 
-    $$\ell_t = -A_t\,\operatorname{sg}[\min(r_t, c)]\,\log\pi_\theta(y_t)\;
-      \mathbb 1\big[A_t > 0 \Rightarrow \pi - \pi_{\text{old}} \le \epsilon_h,\;
-      A_t \le 0 \Rightarrow \pi - \pi_{\text{old}} \ge -\epsilon_l\big]$$
+    $$\begin{aligned} \ell_t &= -A_t\,\operatorname{sg}[\min(r_t, c)]\,\log\pi_\theta(y_t)\,
+      \mathbb 1[\text{kept}_t], \\
+      \text{kept}_t &= \big(A_t > 0 \Rightarrow \pi - \pi_{\text{old}} \le \epsilon_h\big) \wedge
+      \big(A_t \le 0 \Rightarrow \pi - \pi_{\text{old}} \ge -\epsilon_l\big) \end{aligned}$$
 
     A token whose probability has already moved more than `epsilon` (in total variation on the
     binary event "this token or not") in the direction its advantage pushes is dropped; the rest
@@ -444,9 +445,9 @@ def clip_cov_terms(
 ) -> jax.Array:
     r"""Per-token Clip-Cov terms: PPO's terms with the gradient of a few high-covariance tokens cut.
 
-    $$c_t = (A_t - \bar A)(\log\pi_t - \overline{\log\pi}), \qquad
-      \ell_t = \begin{cases}0 & t \in S\\ \max(-A_t r_t, -A_t\operatorname{clip}(r_t, 1 -
-      \epsilon_l, 1 + \epsilon_h)) & \text{otherwise}\end{cases}$$
+    $$\begin{aligned} c_t &= (A_t - \bar A)(\log\pi_t - \overline{\log\pi}), \\
+      \ell_t &= \begin{cases}0 & t \in S\\ \max(-A_t r_t, -A_t\operatorname{clip}(r_t, 1 -
+      \epsilon_l, 1 + \epsilon_h)) & \text{otherwise}\end{cases} \end{aligned}$$
 
     Tokens whose centred advantage-log-probability covariance `c` lies in `(cov_low, cov_high)`,
     and that PPO's clip does not already bind, are the candidates; `S` is a uniformly random
