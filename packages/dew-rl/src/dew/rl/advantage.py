@@ -199,17 +199,15 @@ def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array
 def _gae_step(discount: jax.Array, trace: jax.Array):
     """One backward step of the masked GAE recursion, for `lax.scan` over time.
 
-    The step's reward and value are set to 0 where masked, so every number that reaches the
-    arithmetic is finite; the carries are then blended by multiplying by the 0/1 mask, which is
-    exact: one of the blend's two products is the carry itself and the other exactly 0.
+    The step takes its reward and value already set to 0 where masked, so every number that reaches
+    the arithmetic is finite, and the mask as float32 0/1; the carries are blended by multiplying
+    by it, which is exact: one of the blend's two products is the carry itself and the other
+    exactly 0.
     """
 
     def step(carry, inputs):
         advantage, next_value = carry
-        reward, value, mask = inputs
-        reward = jnp.where(mask, reward, 0)
-        value = jnp.where(mask, value, 0)
-        keep = mask.astype(jnp.float32)
+        reward, value, keep = inputs
         delta = reward + discount * next_value - value
         candidate = delta + trace * advantage
         advantage = keep * candidate + (1 - keep) * advantage
@@ -246,10 +244,10 @@ def gae(
     log-probabilities. The whitening subtracts two nearby numbers, and bf16 rounds the difference
     away. Both outputs are float32.
 
-    Each step sets a masked reward and value to 0 with `jnp.where` and then blends its carries by
-    multiplying by the 0/1 mask, as both references blend them: on finite numbers the blend is
-    exact, and a NaN or inf in a padded reward or value reaches no kept position (only the returns
-    at its own position, `A + V`).
+    A masked reward and value are set to 0 with `jnp.where` once, before the recursion, whose
+    steps then blend their carries by multiplying by the 0/1 mask, as both references blend them:
+    on finite numbers the blend is exact, and a NaN or inf in a padded reward or value reaches no
+    kept position (only the returns at its own position, `A + V`).
 
     Reference: verl d040717 `compute_gae_advantage_return`; Tunix 0.1.7
     `tunix.rl.algo_core.compute_gae_advantages`.
@@ -285,11 +283,17 @@ def gae(
     # gamma * lam first, in the caller's precision, as both references multiply it.
     trace = jnp.asarray(gamma * lam, jnp.float32)
     start = (jnp.zeros(mask.shape[0], jnp.float32),) * 2
-    # The scan walks time-major [T, B] rows and selects inside each step: a select before the scan
-    # costs XLA:CPU a pass over each input besides the transpose. The whitening reduces the [B, T]
-    # layout, which XLA:CPU reduces an order of magnitude faster (benchmarks/rl_math.py).
+    # The scan walks time-major [T, B] rows; making the inputs finite before it keeps selects out of
+    # its 4096 small steps. The whitening reduces the [B, T] layout, which XLA:CPU reduces an order
+    # of magnitude faster (benchmarks/rl_math.py, benchmarks/gae_tunix.py).
+    finite_rewards = jnp.where(mask, rewards, 0)
+    finite_values = jnp.where(mask, values, 0)
+    keep = mask.astype(jnp.float32)
     _, advantages = jax.lax.scan(
-        _gae_step(discount, trace), start, (rewards.T, values.T, mask.T), reverse=True
+        _gae_step(discount, trace),
+        start,
+        (finite_rewards.T, finite_values.T, keep.T),
+        reverse=True,
     )
     advantages = advantages.T
     return masked_whiten(advantages, mask), advantages + values
