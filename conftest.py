@@ -1,8 +1,12 @@
-"""Shared pytest set-up: one JAX compilation cache per session; doctests print short arrays.
+"""Shared pytest set-up: compiling made cheap for the session; doctests print short arrays.
 
-Many tests train the same tiny model; with the cache each program is compiled once per session,
-not once per worker process and command-line subprocess. The folder is new for every session
-(results never depend on an earlier run) and removed at its end.
+The tests' programs are tiny, so compiling them costs far more than running them:
+- one JAX compilation cache per session: each program is compiled once, not once per worker
+  process and command-line subprocess. The folder is new for every session (results never depend
+  on an earlier run) and removed at its end;
+- LLVM's optimisation passes off (`--xla_backend_optimization_level=0`): on two learning tests
+  it cut the CPU time by a quarter. The numbers stay the same, as XLA:CPU compiles without
+  fast-math at every level, so no floating-point operation is reordered or fused differently.
 """
 
 import os
@@ -16,12 +20,14 @@ _CACHE = "JAX_COMPILATION_CACHE_DIR"
 
 
 def pytest_configure(config):
-    if hasattr(config, "workerinput") or _CACHE in os.environ:
-        return  # an xdist worker inherits the controller's folder; a user's own is kept
-    folder = tempfile.mkdtemp(prefix="dew-test-jax-cache-")
-    os.environ[_CACHE] = folder
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    config.dew_cache_folder = folder
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker inherits the controller's environment
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+    if _CACHE not in os.environ:  # a user's own cache is kept
+        config.dew_cache_folder = tempfile.mkdtemp(prefix="dew-test-jax-cache-")
+        os.environ[_CACHE] = config.dew_cache_folder
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
 def pytest_unconfigure(config):

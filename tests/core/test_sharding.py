@@ -41,7 +41,7 @@ print(json.dumps(runs))
 def test_one_step_on_eight_devices_matches_one_device(tmp_path):
     env = {
         **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
         "JAX_PLATFORMS": "cpu",
     }
     conftest = Path(__file__).with_name("conftest.py")
