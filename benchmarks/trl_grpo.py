@@ -137,20 +137,28 @@ def dew_prepare(spec: dict) -> dict:
 
     from dew.hf import save_policy
     from dew.models.registry import resolve_model
+    from dew.objective import load_objective
+    from dew.rollout import Prompter
+    from dew.tasks import get_task
     from dew.train import TrainConfig
-    from dew.train.config import _make_prompter, _resolve
-    from dew.train.trainer import _step_prompts
     from dew.train.update import optimizer
 
     config = TrainConfig()
-    objective, task = _resolve(config)
+    objective = load_objective(config.objective, config.objective_options)
+    task = get_task(config.task, **config.task_options)
     if type(objective).__name__ != "GRPO" or objective.tis_cap is not None:
         raise SystemExit(f"the default objective is {objective!r}: this benchmark matches GRPO")
     if config.update.micro_batches != 1:
         raise SystemExit("the default update splits micro-batches: this benchmark assumes one")
     source = resolve_model(config.model)
     tokenizer = source.tokenizer()
-    prompter = _make_prompter(config, task, tokenizer)
+    prompting = config.prompting
+    prompter = Prompter(
+        task,
+        tokenizer,
+        max_prompt_tokens=prompting.max_prompt_tokens,
+        max_new_tokens=prompting.max_new_tokens,
+    )
     steps = spec["steps"] or config.run.steps
     tx = optimizer(config.optimizer)
     zero = {"w": jnp.zeros(())}
@@ -191,11 +199,12 @@ def dew_prepare(spec: dict) -> dict:
     for seed in spec["seeds"]:
         policy = source.policy(seed)
         save_policy(policy, folder / f"seed{seed}" / "model")
-        examples = [
-            example
-            for step in range(1, steps + 1)
-            for example in _step_prompts(prompter, seed, step, config.rollout.prompts).examples
-        ]
+        # the trainer's prompt stream: step s draws from default_rng([seed, s])
+        draws = (
+            prompter.draw(np.random.default_rng([seed, s]), config.rollout.prompts)
+            for s in range(1, steps + 1)
+        )
+        examples = [example for drawn in draws for example in drawn.examples]
         (folder / f"seed{seed}" / "examples.json").write_text(json.dumps(examples))
         logits = np.asarray(jax.device_get(policy(jnp.asarray(probe))), np.float64)
         seeds[seed] = {"logits": logits.tolist()}
