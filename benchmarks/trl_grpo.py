@@ -4,7 +4,7 @@ Run by hand from the repository root, with TRL in a throwaway virtual environmen
 transformers stay out of Dew's dependencies):
 
     python -m venv /tmp/trl-venv
-    /tmp/trl-venv/bin/pip install torch==2.13.0 trl transformers   # a CPU wheel of torch
+    /tmp/trl-venv/bin/pip install torch trl transformers   # a CPU build of torch
     python benchmarks/trl_grpo.py --trl-python /tmp/trl-venv/bin/python \\
         [--steps N] [--seeds 0,1] [--rounds 3] [--trl-threads 1,2] [--dew-cache off,warm]
 
@@ -21,7 +21,8 @@ set-up, compilation and sampling are included), steady seconds per step (the med
 duration after the first), steps to mean reward 0.9, the final reward (mean of the last ten steps'
 mean rewards), and the child's peak RSS. A step is one rollout of `prompts x group` completions and
 the optimizer steps on it; the mean reward is that rollout's. Writes `--results` (JSON) and prints
-each run and the Dew/TRL ratios of the medians.
+each run and the Dew/TRL ratios of the medians. The results record the versions of JAX, torch,
+transformers and TRL (checked with torch 2.13.0 CPU, transformers 5.24.0, TRL 1.16.0).
 
 Matched: the task's prompts, in order (`numpy.random.default_rng([seed, step])`, fed to TRL
 unshuffled); the digit vocabulary (a `PreTrainedTokenizerFast` over Dew's symbols); the reward
@@ -37,8 +38,11 @@ checkpointing.
 Not matched: the sampling random streams (JAX's keys against torch's generator, so the runs'
 trajectories differ and steps-to-0.9 is compared as a spread over seeds); the group-deviation
 epsilon (Dew 1e-6, TRL 1e-4); Dew's k3 clamps (log ratio to +-20, estimate to +-10; TRL clamps
-neither); threads (XLA uses every core, torch the `--trl-threads` given); Dew's default run also
-writes its metrics, samples and a checkpoint every 50 steps, where TRL saves nothing. The compile
+neither); AdamW's weight-decay mask (transformers spares biases and norms, optax decays every
+weight: the same while Dew's default decay is 0); threads (XLA uses every core, torch the
+`--trl-threads` given); Dew's default run also writes its metrics, samples and a checkpoint every
+50 steps, where TRL saves nothing, and after its last step draws its reward plot and measures its
+greedy reward, which no figure here includes. The compile
 cache is Dew's own (a folder made for this benchmark): `off` compiles every program, `warm` runs
 after a short run that filled it, as every `dew train` after the first.
 """
@@ -186,6 +190,7 @@ def dew_prepare(spec: dict) -> dict:
         "dual_clip": objective.dual_clip,
         "beta": objective.beta,
         "max_new_tokens": prompter.max_new_tokens,
+        "jax": jax.__version__,
         "symbols": tokenizer.symbols,
         "eos": tokenizer.eos_token_id,
         "pad": tokenizer.pad_token_id,
@@ -302,7 +307,11 @@ def trl_check(spec: dict) -> dict:
             ids = tokenizer(example["prompt"], add_special_tokens=False)["input_ids"]
             if ids != [settings["symbols"].index(c) for c in example["prompt"]]:
                 raise SystemExit(f"the tokenizer encodes {example['prompt']!r} as {ids}")
-    return {"max_logit_diff": gaps}
+    import transformers
+    import trl
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    return {"max_logit_diff": gaps, "versions": {**versions, "trl": trl.__version__}}
 
 
 def trl_train(spec: dict) -> dict:
