@@ -7,6 +7,7 @@ the script; and that the recorded results the docs render cover every function, 
 is measured.
 """
 
+import doctest
 import importlib.util
 import json
 from pathlib import Path
@@ -17,11 +18,19 @@ import numpy as np
 import pytest
 
 import dew.rl as rl
+from dew.tasks.digits import position_credit
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_math.py"
-spec = importlib.util.spec_from_file_location("rl_math", SCRIPT)
-rl_math = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rl_math)
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rl_math = _load(SCRIPT)
 
 CALLABLES = [name for name in rl.__all__ if callable(getattr(rl, name))]
 
@@ -58,3 +67,15 @@ def test_the_recorded_results_cover_every_function_at_every_size_and_dtype():
     }
     assert expected <= measured, sorted(expected - measured)
     assert {(row["B"], row["T"]) for row in results["gae_forms"]} == sizes
+
+
+def test_the_trl_comparison_scores_token_ids_as_dew_does():
+    trl_grpo = _load(SCRIPT.parent / "trl_grpo.py")
+    checked = doctest.testmod(trl_grpo)
+    assert checked.attempted and not checked.failed
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        answer = [*rng.integers(5, 15, size=3).tolist(), 2]
+        completion = rng.integers(0, 15, size=int(rng.integers(1, 5))).tolist()
+        completion = completion if rng.random() < 0.7 else answer[: len(completion)]
+        assert trl_grpo.credit(completion, answer, 2) == position_credit(answer, completion, 2)

@@ -182,6 +182,19 @@ def test_the_installed_command_exits_non_zero_without_a_traceback():
     assert "--steps must be >= 1" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_starting_a_run_imports_no_plotting_checkpointing_or_templating():
+    # matplotlib loads at the first plot, orbax at the first save or restore, jinja2 at the
+    # first chat template: none of them is needed before a run's first step
+    code = (
+        "import sys, dew.cli, dew.train; "
+        "print(sorted(m for m in ('matplotlib', 'orbax', 'jinja2') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
 def test_every_config_option_is_a_flag_with_its_help(capsys):
     from dew.train.config import _SECTIONS, TrainConfig
 

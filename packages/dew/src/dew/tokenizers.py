@@ -11,13 +11,13 @@ import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import tokenizers
 from tokenizers import decoders, pre_tokenizers
+
+if TYPE_CHECKING:
+    import jinja2
 
 __all__ = [
     "DIGITS",
@@ -107,14 +107,21 @@ def _token_text(value) -> str | None:
 
 
 def _raise_exception(message: str):
+    import jinja2
+
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _template_environment() -> jinja2.Environment:
+def _template_environment() -> "jinja2.Environment":
     """The jinja2 environment transformers renders chat templates in.
+
+    jinja2 is imported here, at the first chat template, not at start-up.
 
     Reference: transformers 5.10 `utils/chat_template_utils.py` (`_compile_jinja_template`).
     """
+    import jinja2.ext
+    import jinja2.sandbox
+
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )
@@ -247,7 +254,7 @@ class HFTokenizer:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
     @functools.cached_property
-    def _compiled_template(self) -> jinja2.Template:
+    def _compiled_template(self) -> "jinja2.Template":
         """The chat template, compiled once: compiling takes far longer than rendering."""
         return _template_environment().from_string(self.chat_template)
 

@@ -7,15 +7,18 @@ shapes and shardings.
 """
 
 import contextlib
+import functools
 import shutil
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
-import orbax.checkpoint as ocp
+
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
 
 __all__ = [
     "Checkpoints",
@@ -99,15 +102,29 @@ def _abstract(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
+def _orbax():
+    """`orbax.checkpoint`, imported at a run's first save or restore rather than at start-up."""
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
 class Checkpoints:
-    """The checkpoints of one run folder, `directory`, keeping the latest `keep`."""
+    """The checkpoints of one run folder, `directory` (created now), keeping the latest `keep`."""
 
     def __init__(self, directory: str | Path, keep: int = 3):
         self.directory = Path(directory).absolute()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+
+    @functools.cached_property
+    def manager(self) -> "ocp.CheckpointManager":
+        """The Orbax manager of `directory`, made at its first use."""
+        ocp = _orbax()
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=False
+            max_to_keep=self.keep, create=True, enable_async_checkpointing=False
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        return ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or None."""
@@ -122,6 +139,7 @@ class Checkpoints:
 
         Ctrl-C and SIGTERM wait until the save is done (`_interrupts_deferred`).
         """
+        ocp = _orbax()
         items = {name: ocp.args.StandardSave(_flatten(tree)) for name, tree in state.items()}
         with _interrupts_deferred():
             self.manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -133,6 +151,7 @@ class Checkpoints:
         `template` maps item names to pytrees of arrays or `jax.ShapeDtypeStruct`s; items saved
         but not named (the optimizer state, when only params are wanted) are not read.
         """
+        ocp = _orbax()
         items = {
             name: ocp.args.StandardRestore(_flatten(jax.tree.map(_abstract, tree)))
             for name, tree in template.items()
@@ -168,5 +187,6 @@ class Checkpoints:
         return sorted(self.manager.item_metadata(step).keys())
 
     def close(self) -> None:
-        """Finish pending work and release the manager."""
-        self.manager.close()
+        """Finish pending work and release the manager, if one was made."""
+        if "manager" in self.__dict__:
+            self.manager.close()
