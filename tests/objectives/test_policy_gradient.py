@@ -118,7 +118,8 @@ TERMS = {
     "dppo_kl": lambda lp, b, a, m: dppo_kl_terms(lp, b.old_log_probs, a, m, 0.1, 0.3),
 }
 TERM_OPTIONS = {
-    "epsilon_low": 0.1, "epsilon_high": 0.3, "dual_clip": 2.0, "tau_positive": 0.5, "tau_negative": 2.0,
+    "epsilon_low": 0.1, "epsilon_high": 0.3, "dual_clip": 2.0,
+    "tau_positive": 0.5, "tau_negative": 2.0,
 }  # fmt: skip
 
 
