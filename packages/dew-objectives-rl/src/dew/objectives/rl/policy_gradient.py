@@ -10,7 +10,6 @@ itself never branches on a string.
 
 import dataclasses
 import math
-import typing
 from typing import ClassVar, Literal
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
 from dew.objectives.rl.aggregations import AGGREGATIONS
+from dew.objectives.rl.choices import check_choices
 from dew.objectives.rl.estimators import ADVANTAGES, Rewards, shaped_rewards
 from dew.objectives.rl.terms import CORRECTIONS, KL_ESTIMATORS, TERMS
 from dew.options import (
@@ -63,19 +63,6 @@ Aggregation = Literal[
     "seq-mean-token-sum-norm",
 ]
 Importance = Literal["token", "sequence", "token_mask", "sequence_mask"]
-
-
-def _check_choices(options) -> None:
-    """Raise `ConfigError` naming the first `Literal` field of `options` set to another value."""
-    hints = typing.get_type_hints(type(options))
-    for field in dataclasses.fields(options):
-        choices = typing.get_args(hints[field.name])
-        if typing.get_origin(hints[field.name]) is not Literal:
-            continue
-        value = getattr(options, field.name)
-        if value not in choices:
-            flag = "--" + field.name.replace("_", "-")
-            raise ConfigError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +139,7 @@ class PolicyGradient:
 
     def __post_init__(self):
         check_options(self)
-        _check_choices(self)
+        check_choices(self)
         if self.overlong_buffer >= self.overlong_max_length:
             raise ConfigError(
                 f"--overlong-buffer ({self.overlong_buffer}) must be below "
