@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dew import cli
-from dew.models.outputs import PolicyOutputs, log_probs
+from dew.models.outputs import PolicyOutputs, log_probs, policy_outputs
 from dew.objective import load_objective
 from dew.objectives.rl import CISPO, GMPO, SAPO, PolicyGradient, ReinforcePlusPlus
 from dew.options import ConfigError
@@ -48,10 +48,13 @@ from dew.rl import (
     sequence_mean_token_sum,
     sequence_mean_token_sum_norm,
     terminal_rewards,
+    token_entropy,
     token_log_ratio,
     token_mean,
     token_sum,
 )
+from dew.tasks import Reverse
+from dew.train import TrainConfig, train
 
 
 @pytest.fixture
@@ -289,3 +292,43 @@ def test_the_choices_are_listed_in_help(capsys):
     for flag in ("--advantage", "--term", "--kl", "--kl-in", "--aggregation", "--importance"):
         assert flag in out, flag
     assert "seq-mean-token-sum-norm" in out and "reinforce_plus_plus_baseline" in out
+
+
+@pytest.mark.parametrize("logit_chunk", [0, 4], ids=["whole", "chunked"])
+def test_the_outputs_entropy_is_dew_rls_token_entropy_aligned_with_the_tokens(
+    make_model, make_batch, logit_chunk
+):
+    model = make_model()
+    batch = make_batch(model)
+    tokens, mask = batch.tokens, batch.completion_mask
+    outputs = policy_outputs(model, tokens, mask, entropy=True, logit_chunk=logit_chunk)
+    logits = model.unembed(model.hidden(tokens))
+    shifted = token_entropy(logits[:, :-1])
+    expected = jnp.where(mask, jnp.pad(shifted, ((0, 0), (1, 0))), 0.0)
+    np.testing.assert_allclose(outputs.entropy, expected, rtol=1e-5, atol=1e-6)
+    assert policy_outputs(model, tokens, mask).entropy is None
+
+
+def test_the_entropy_bonus_subtracts_the_aggregated_entropy(make_model, make_batch):
+    model = make_model()
+    batch = make_batch(model)
+    objective = PolicyGradient(entropy_coef=0.01, aggregation="seq-mean-token-mean")
+    assert objective.needs_entropy and not PolicyGradient().needs_entropy
+    prepared = objective.prepare(batch)
+    outputs = policy_outputs(model, batch.tokens, batch.completion_mask, entropy=True)
+    loss, metrics = objective.loss(outputs, prepared)
+    base, _ = PolicyGradient(aggregation="seq-mean-token-mean").loss(outputs, prepared)
+    entropy = sequence_mean_token_mean(outputs.entropy, batch.completion_mask)
+    np.testing.assert_allclose(metrics["entropy"], entropy, rtol=1e-6)
+    np.testing.assert_allclose(loss, base - 0.01 * entropy, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"--entropy-coef needs outputs\.entropy"):
+        objective.loss(PolicyOutputs(outputs.log_probs), prepared)
+
+
+def test_the_trainer_hands_the_entropy_to_an_objective_that_asks(tmp_path):
+    config = TrainConfig().replace(
+        objective="sapo", objective_options={"entropy_coef": 0.01}, model="tiny", prompts=2,
+        group=2, steps=1, out=str(tmp_path / "run"), checkpoint_every=1000,
+    )  # fmt: skip
+    history = train(config, task=Reverse(1, 1), quiet=True).history
+    assert history[0]["entropy"] > 0

@@ -77,7 +77,8 @@ class PolicyGradient:
     2. `loss`: the `term` of the policy's log-probs, the rollout's, and the advantages, per
        token; times the `importance` weights when `tis_cap` is set; reduced by the
        `aggregation`. With `beta > 0` and `kl_in` `loss`: `+ beta` times the same aggregation of
-       the `kl` estimator of the policy against the reference.
+       the `kl` estimator of the policy against the reference. With `entropy_coef > 0`:
+       `- entropy_coef` times the same aggregation of each token's entropy (verl's bonus).
 
     The loss is `sum / count` of the aggregation and `loss_weight` its `count`, so micro-batches
     combine into the loss of the whole batch (`token-sum` aside: see `aggregations`).
@@ -110,6 +111,8 @@ class PolicyGradient:
         (truncated importance weights), token_mask or sequence_mask (weights outside
         `[1/tis_cap, tis_cap]` zeroed, IcePop).
       tis_cap: the importance weights' cap, or None for no correction.
+      entropy_coef: the weight of the entropy bonus: the loss less this times the
+        aggregation of each token's policy entropy; 0 turns it off.
       dynamic_sampling: drop groups whose rewards are all equal and refill the batch (DAPO).
       max_refills: how many extra rollouts dynamic sampling may draw per step.
     """
@@ -134,6 +137,7 @@ class PolicyGradient:
     max_tokens: int | None = option(None, AT_LEAST_ONE)
     importance: Importance = "token"
     tis_cap: float | None = option(None, POSITIVE)
+    entropy_coef: float = option(0.0, NON_NEGATIVE)
     dynamic_sampling: bool = False
     max_refills: int = option(3, NON_NEGATIVE)
 
@@ -160,6 +164,11 @@ class PolicyGradient:
     def needs_reference(self) -> bool:
         """True when the KL is on (`beta > 0`): the trainer then fills `ref_log_probs`."""
         return self.beta > 0
+
+    @property
+    def needs_entropy(self) -> bool:
+        """True when the entropy bonus is on: the update then fills `outputs.entropy`."""
+        return self.entropy_coef > 0
 
     def rewards(self, batch: Batch) -> Rewards:
         """The batch's rewards after overlong shaping and, with `kl_in` reward, the KL penalty."""
@@ -216,4 +225,13 @@ class PolicyGradient:
             )
             loss = loss + self.beta * kl
             metrics["kl"] = kl
+        if self.needs_entropy:
+            if outputs.entropy is None:
+                raise ValueError(
+                    f"objective {self.name!r} with --entropy-coef needs outputs.entropy; "
+                    "compute the outputs with policy_outputs(..., entropy=True)"
+                )
+            entropy = self.aggregate(outputs.entropy, mask)
+            loss = loss - self.entropy_coef * entropy
+            metrics["entropy"] = entropy
         return loss, metrics
