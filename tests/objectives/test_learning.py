@@ -102,7 +102,7 @@ def test_ppos_critic_learns_the_returns(tmp_path):
         ("rloo", ["--epsilon-high", "--beta"]),
         ("gspo", ["--epsilon-low", "--epsilon-high"]),
         ("cispo", ["--term", "--epsilon-high", "--aggregation", "--advantage"]),
-        ("sapo", ["--tau-positive", "--tau-negative", "--aggregation"]),
+        ("sapo", ["--tau-positive", "--tau-negative", "--aggregation", "--entropy-coef"]),
         ("gmpo", ["--epsilon-low", "--epsilon-high", "--importance", "--tis-cap"]),
         ("reinforce_plus_plus", ["--advantage", "--gamma", "--kl", "--kl-in", "--beta"]),
         ("ppo", ["--gamma", "--lam", "--value-clip", "--value-coef", "--kl-coef"]),
