@@ -144,7 +144,7 @@ def _add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str
                 type=parse,
                 choices=choices,
                 default=argparse.SUPPRESS,
-                metavar=field.name.upper(),
+                metavar=None if choices else field.name.upper(),
                 help=f"{described.get(field.name, '')} (default: {default})".lstrip(),
             )
         names.append(field.name)
