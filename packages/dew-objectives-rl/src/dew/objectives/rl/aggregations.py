@@ -19,6 +19,8 @@ from dew.rl import (
     token_sum,
 )
 
+__all__ = ["AGGREGATIONS"]
+
 Parts = Callable[[jax.Array, jax.Array, int | None], tuple[jax.Array, jax.Array]]
 
 

@@ -27,6 +27,9 @@ from dew.rl import (
 )
 
 
+__all__ = ["ADVANTAGES", "Rewards", "shaped_rewards"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Rewards:
     """A rollout's rewards after shaping, as a row's outcome and as per-token rewards.

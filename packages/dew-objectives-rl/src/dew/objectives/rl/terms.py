@@ -34,7 +34,9 @@ from dew.rl import (
     token_log_ratio,
 )
 
-Term = Callable[[Any, jax.Array, Batch], tuple[jax.Array, dict[str, jax.Array]]]
+__all__ = ["CORRECTIONS", "KL_ESTIMATORS", "TERMS"]
+
+PolicyTerm = Callable[[Any, jax.Array, Batch], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def _clip(o, log_probs: jax.Array, batch: Batch):
@@ -93,7 +95,7 @@ def _dppo_kl(o, log_probs: jax.Array, batch: Batch):
     return dppo_kl_terms(log_probs, old, advantages, mask, o.epsilon_low, o.epsilon_high), {}
 
 
-TERMS: dict[str, Term] = {
+TERMS: dict[str, PolicyTerm] = {
     "clip": _clip,
     "gspo": _gspo,
     "cispo": _cispo,
