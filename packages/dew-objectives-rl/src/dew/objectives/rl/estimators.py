@@ -26,7 +26,6 @@ from dew.rl import (
     terminal_rewards,
 )
 
-
 __all__ = ["ADVANTAGES", "Rewards", "shaped_rewards"]
 
 
