@@ -111,7 +111,8 @@ TERMS: dict[str, PolicyTerm] = {
 - `gspo`: the same of `sequence_log_ratio`, one ratio per sequence (GSPO).
 - `cispo`: `cispo_terms`, REINFORCE weighted by the clipped, detached ratio.
 - `sapo`: `sapo_terms`, a sigmoid gate on the ratio (`tau_positive`, `tau_negative`).
-- `gmpo`: `gmpo_terms`, each sequence's term on its last token.
+- `gmpo`: `gmpo_terms`, each sequence's term on its last token (a token-level importance
+  weight then weighs it by that token's ratio: pair it with `sequence` or `sequence_mask`).
 - `reinforce`: `reinforce_terms`, `-A log pi`.
 - `dppo_tv`, `dppo_kl`: `dppo_tv_terms`, `dppo_kl_terms`, REINFORCE in a trust region.
 """
