@@ -69,7 +69,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.objectives.sft": {"SFT"},
     "dew.options": {
         "AT_LEAST_ONE", "NON_NEGATIVE", "POSITIVE", "PROBABILITY", "SEED", "Range",
-        "check_options", "option",
+        "check_options", "flag_of", "option",
     },
     "dew.rewards": {
         "ANSWER_TAGS", "ENTRY_POINT_GROUP", "available_rewards", "equivalent", "final_answer",

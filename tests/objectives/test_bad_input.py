@@ -108,8 +108,8 @@ def test_ppo_returns_are_the_rewards_on_a_hand_built_episode(batch):
     [
         (["--beta", "nan"], "--beta must be >= 0, got nan"),
         (["--beta", "-1"], "--beta must be >= 0, got -1.0"),
-        (["--epsilon-low", "nan"], r"--epsilon-low must be in \[0, 1\), got nan"),
-        (["--epsilon-low", "-1"], r"--epsilon-low must be in \[0, 1\)"),
+        (["--epsilon-low", "nan"], r"--epsilon-low must be in \[0, 1\], got nan"),
+        (["--epsilon-low", "-1"], r"--epsilon-low must be in \[0, 1\]"),
         (["--dual-clip", "0.5"], "--dual-clip must be > 1, got 0.5"),
         (["--tis-cap", "0"], "--tis-cap must be > 0, got 0.0"),
         (["--objective", "ppo", "--lam", "2"], r"--lam must be in \[0, 1\], got 2.0"),

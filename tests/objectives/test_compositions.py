@@ -211,10 +211,10 @@ def test_hyperparameters_are_keyword_fields_with_the_papers_defaults():
     assert load_objective("grpo", {"beta": 0.0, "tis_cap": 2.0}) == GRPO(beta=0.0, tis_cap=2.0)
 
 
-def test_dr_grpo_weighs_rows_and_grpo_weighs_tokens(make_model, make_batch):
+def test_dr_grpo_weighs_rows_times_length_and_grpo_weighs_tokens(make_model, make_batch):
     model = make_model()
     batch = make_batch(model)
-    assert float(DrGRPO().loss_weight(batch)) == batch.size
+    assert float(DrGRPO().loss_weight(batch)) == batch.size * batch.tokens.shape[1]
     assert float(GRPO().loss_weight(batch)) == float(jnp.sum(batch.completion_mask))
     assert float(DPO().loss_weight(make_batch(model, 2))) == batch.size // 2
 

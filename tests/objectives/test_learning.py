@@ -24,6 +24,7 @@ from dew.train import TrainConfig, train
 
 TASK = Reverse(1, 3)
 SAMPLED = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "ppo"]
+PRESETS = ["cispo", "sapo", "gmpo", "reinforce_plus_plus"]
 
 
 def short(tmp_path, objective: str, **changes) -> TrainConfig:
@@ -38,7 +39,7 @@ def mean(rows, key) -> float:
     return float(np.mean([row[key] for row in rows]))
 
 
-@pytest.mark.parametrize("objective", SAMPLED)
+@pytest.mark.parametrize("objective", SAMPLED + PRESETS)
 def test_the_mean_reward_rises_well_above_where_it_started(tmp_path, objective):
     result = train(short(tmp_path, objective), task=TASK, quiet=True)
     rewards = [round(row["reward"], 3) for row in result.history]
@@ -100,6 +101,10 @@ def test_ppos_critic_learns_the_returns(tmp_path):
         ("dapo", ["--overlong-max-length", "--overlong-buffer", "--max-refills"]),
         ("rloo", ["--epsilon-high", "--beta"]),
         ("gspo", ["--epsilon-low", "--epsilon-high"]),
+        ("cispo", ["--term", "--epsilon-high", "--aggregation", "--advantage"]),
+        ("sapo", ["--tau-positive", "--tau-negative", "--aggregation", "--entropy-coef"]),
+        ("gmpo", ["--epsilon-low", "--epsilon-high", "--importance", "--tis-cap"]),
+        ("reinforce_plus_plus", ["--advantage", "--gamma", "--kl", "--kl-in", "--beta"]),
         ("ppo", ["--gamma", "--lam", "--value-clip", "--value-coef", "--kl-coef"]),
         ("dpo", ["--beta"]),
     ],

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dew.objective import _objective_class, available_objectives
+from dew.options import flag_of
 
 __all__ = ["main"]
 
@@ -125,7 +126,7 @@ def _add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str
             default = field.default_factory()
         if is_bool:
             group.add_argument(
-                _flag(field.name),
+                flag_of(field),
                 dest=f"objective.{field.name}",
                 default=argparse.SUPPRESS,
                 action=argparse.BooleanOptionalAction,
@@ -138,12 +139,12 @@ def _add_objective_flags(parser: argparse.ArgumentParser, cls: type) -> list[str
                 else None
             )
             group.add_argument(
-                _flag(field.name),
+                flag_of(field),
                 dest=f"objective.{field.name}",
                 type=parse,
                 choices=choices,
                 default=argparse.SUPPRESS,
-                metavar=field.name.upper(),
+                metavar=None if choices else field.name.upper(),
                 help=f"{described.get(field.name, '')} (default: {default})".lstrip(),
             )
         names.append(field.name)

@@ -43,6 +43,9 @@ class Objective(Protocol):
         runs.
       needs_values: the policy carries a value head; the trainer fills `batch.values` with its
         rollout-time predictions and the update passes the current ones in `outputs.values`.
+
+    An objective may also declare `needs_entropy` (optional, false when absent): the update then
+    passes each token's entropy in `outputs.entropy`, for an entropy bonus.
     """
 
     source: BatchSource

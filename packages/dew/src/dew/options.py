@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "Range",
     "check_options",
+    "flag_of",
     "option",
 ]
 
@@ -76,11 +77,13 @@ SEED = Range(0, 2**32 - 1)
 """The seeds numpy and JAX both accept."""
 
 
-def option(default, valid: Range | None = None):
-    """A dataclass field with its default and the `Range` its values must lie in.
+def option(default, valid: Range | None = None, flag: str | None = None):
+    """A dataclass field with its default, the `Range` its values must lie in, and its flag.
 
     Objectives declare their hyperparameters this way too, and call `check_options` in
-    `__post_init__`, so a bad value is refused when the objective is built.
+    `__post_init__`, so a bad value is refused when the objective is built. The flag is
+    `--field-name` unless `flag` names another (a field cannot be called `loss` on a class with
+    a `loss` method, yet `--loss` reads best).
 
     Examples:
       >>> @dataclasses.dataclass(frozen=True)
@@ -93,7 +96,21 @@ def option(default, valid: Range | None = None):
       ...
       dew.options.ConfigError: --scale must be > 0, got nan
     """
-    return dataclasses.field(default=default, metadata={"range": valid})
+    return dataclasses.field(default=default, metadata={"range": valid, "flag": flag})
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    """The command-line flag of a dataclass field declared with `option`.
+
+    Examples:
+      >>> @dataclasses.dataclass(frozen=True)
+      ... class Preference:
+      ...     loss_type: str = option("sigmoid", flag="loss")
+      ...     label_smoothing: float = option(0.0)
+      >>> [flag_of(field) for field in dataclasses.fields(Preference)]
+      ['--loss', '--label-smoothing']
+    """
+    return "--" + (field.metadata.get("flag") or field.name).replace("_", "-")
 
 
 def check_options(options) -> None:
@@ -118,7 +135,7 @@ def check_options(options) -> None:
         if valid is None:
             continue
         value = getattr(options, field.name)
-        flag = "--" + field.name.replace("_", "-")
+        flag = flag_of(field)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):

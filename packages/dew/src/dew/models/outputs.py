@@ -32,10 +32,13 @@ class PolicyOutputs:
         off the mask.
       values: `[B, T]` float32 value-head predictions of the state each token is generated from, or
         None when the objective did not ask for them.
+      entropy: `[B, T]` float32 entropy of the distribution each token was drawn from; 0 at t = 0
+        and off the mask; None when the objective did not ask for it (`needs_entropy`).
     """
 
     log_probs: jax.Array
     values: jax.Array | None = None
+    entropy: jax.Array | None = None
 
 
 def _check_mask(tokens: jax.Array, mask: jax.Array) -> None:
@@ -48,6 +51,12 @@ def _picked(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """`log_softmax(logits)[..., target]` in float32: `[..., V]` and `[...]` to `[...]`."""
     scores = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return jnp.take_along_axis(scores, targets[..., None], axis=-1)[..., 0]
+
+
+def _entropy(logits: jax.Array, targets: jax.Array | None = None) -> jax.Array:
+    """`[...]` entropy of the softmax of `[..., V]` logits, in float32; `targets` unused."""
+    scores = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.sum(jnp.exp(scores) * scores, axis=-1)
 
 
 def _aligned(picked: jax.Array, mask: jax.Array) -> jax.Array:
@@ -91,6 +100,11 @@ def chunked_token_log_probs(
       True
     """
     _check_mask(tokens, mask)
+    return _aligned(_over_chunks(model, hidden, tokens, chunk, _picked), mask)
+
+
+def _over_chunks(model: Policy, hidden: jax.Array, tokens: jax.Array, chunk: int, per_token):
+    """`[B, T - 1]` `per_token(logits, next_tokens)`, unembedding `chunk` positions at a time."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     weights, pattern = model.unembedding()
@@ -104,17 +118,30 @@ def chunked_token_log_probs(
 
     @jax.checkpoint
     def one_chunk(weights, states, targets):
-        return _picked(_unembed_with(weights, pattern, states), targets)
+        return per_token(_unembed_with(weights, pattern, states), targets)
 
     picked = jax.lax.map(lambda part: one_chunk(weights, *part), (states, targets))
-    picked = picked.swapaxes(0, 1).reshape(rows, count * chunk)[:, :steps]
-    return _aligned(picked, mask)
+    return picked.swapaxes(0, 1).reshape(rows, count * chunk)[:, :steps]
 
 
 def _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk: int) -> jax.Array:
     if logit_chunk:
         return chunked_token_log_probs(model, hidden, tokens, mask, logit_chunk)
     return token_log_probs(model.unembed(hidden), tokens, mask)
+
+
+def _entropy_of_hidden(model, hidden, tokens, mask, logit_chunk: int) -> jax.Array:
+    """`[B, T]` entropy of the distribution token t was drawn from, aligned as the log-probs."""
+    if logit_chunk:
+        return _aligned(_over_chunks(model, hidden, tokens, logit_chunk, _entropy), mask)
+    return _aligned(_entropy(model.unembed(hidden)[:, :-1]), mask)
+
+
+def _values_of_hidden(model, hidden, mask) -> jax.Array:
+    """`[B, T]` value-head predictions, entry t from position t - 1; 0 at t = 0 and off mask."""
+    values = model.values(hidden)
+    values = jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
+    return jnp.where(mask, values, 0.0)
 
 
 def log_probs(
@@ -170,10 +197,8 @@ def log_probs_and_values(
       ((1, 4), Array([[0., 0., 0., 0.]], dtype=float32))
     """
     hidden = model.hidden(tokens, segments, remat=remat)
-    values = model.values(hidden)
-    values = jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
-    token_lp = _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk)
-    return token_lp, jnp.where(mask, values, 0.0)
+    values = _values_of_hidden(model, hidden, mask)
+    return _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk), values
 
 
 def policy_outputs(
@@ -183,12 +208,14 @@ def policy_outputs(
     segments: jax.Array | None = None,
     *,
     values: bool = False,
+    entropy: bool = False,
     logit_chunk: int = 0,
     remat: bool = False,
 ) -> PolicyOutputs:
-    """`PolicyOutputs` of `model` on `tokens`: log-probs, and values when `values` is true.
+    """`PolicyOutputs` of `model` on `tokens`: log-probs, values and entropy when asked.
 
-    `logit_chunk` and `remat` as in `log_probs`.
+    `logit_chunk` and `remat` as in `log_probs`; with `logit_chunk` the entropy is computed
+    chunk by chunk too.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -199,7 +226,9 @@ def policy_outputs(
       >>> outputs.log_probs.shape, outputs.values
       ((1, 4), None)
     """
-    memory = {"logit_chunk": logit_chunk, "remat": remat}
-    if values:
-        return PolicyOutputs(*log_probs_and_values(model, tokens, mask, segments, **memory))
-    return PolicyOutputs(log_probs(model, tokens, mask, segments, **memory))
+    hidden = model.hidden(tokens, segments, remat=remat)
+    return PolicyOutputs(
+        _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk),
+        _values_of_hidden(model, hidden, mask) if values else None,
+        _entropy_of_hidden(model, hidden, tokens, mask, logit_chunk) if entropy else None,
+    )

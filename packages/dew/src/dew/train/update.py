@@ -98,10 +98,13 @@ def _outputs_of(
     batch: Batch,
     values: bool,
     *,
+    entropy: bool = False,
     frozen=None,
     memory: MemoryOptions = _PLAIN,
 ) -> PolicyOutputs:
     """`policy_outputs` of the policy `(graphdef, params, frozen)` on `batch`'s completion tokens.
+
+    With `entropy`, the outputs carry each token's entropy (for an objective's entropy bonus).
 
     `frozen` holds the parameters the optimizer does not train (a LoRA run's base weights);
     `memory` chooses chunked log-probs and per-layer remat, neither changing the result.
@@ -122,6 +125,7 @@ def _outputs_of(
         batch.completion_mask,
         batch.segments,
         values=values,
+        entropy=entropy,
         logit_chunk=memory.logit_chunk,
         remat=memory.remat,
     )
@@ -317,11 +321,19 @@ def make_update(spec: UpdateSpec):
     graphdef, objective, memory = spec.graphdef, spec.objective, spec.memory
     tx = optimizer(spec.optimizer)
     separate_old = spec.update.updates_per_rollout > 1
+    # Optional in the protocol: only an objective with an entropy term declares it.
+    entropy = bool(getattr(objective, "needs_entropy", False))
 
     def one_step(carry, _, micro, frozen):
         def loss_of(params, micro_batch):
             outputs = _outputs_of(
-                graphdef, params, micro_batch, objective.needs_values, frozen=frozen, memory=memory
+                graphdef,
+                params,
+                micro_batch,
+                objective.needs_values,
+                entropy=entropy,
+                frozen=frozen,
+                memory=memory,
             )
             return objective.loss(outputs, _with_old_log_probs(micro_batch, outputs))
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
-from dew.objectives.rl.grpo import CLIP_LOW, DUAL_CLIP
+from dew.objectives.rl.policy_gradient import CLIP_LOW, DUAL_CLIP
 from dew.options import NON_NEGATIVE, POSITIVE, PROBABILITY, check_options, option
 from dew.rl import (
     clipped_surrogate,
