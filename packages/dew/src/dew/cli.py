@@ -271,10 +271,50 @@ def _train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentPars
     )
     _add_config_flags(parser, defaults)
     _add_task_flags(parser)
+    _add_process_flags(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     if objective_cls is not None:
         _add_objective_flags(parser, objective_cls)
     return parser
+
+
+def _add_process_flags(parser: argparse.ArgumentParser) -> None:
+    """`--coordinator-address`, `--num-processes`, `--process-id`: JAX's multi-process settings."""
+    group = parser.add_argument_group("processes (one run over several processes or hosts)")
+    group.add_argument(
+        "--coordinator-address",
+        metavar="HOST:PORT",
+        default=argparse.SUPPRESS,
+        help="where process 0 serves JAX's coordinator (default: $JAX_COORDINATOR_ADDRESS)",
+    )
+    group.add_argument(
+        "--num-processes",
+        metavar="N",
+        default=argparse.SUPPRESS,
+        help="processes in the run (default: $JAX_NUM_PROCESSES, else 1)",
+    )
+    group.add_argument(
+        "--process-id",
+        metavar="N",
+        default=argparse.SUPPRESS,
+        help="this process's index, 0 to N - 1; process 0 writes the run folder "
+        "(default: $JAX_PROCESS_ID)",
+    )
+
+
+def _join_processes(argv: list[str]) -> None:
+    """Join the multi-process run the flags or JAX's environment variables name, if any."""
+    from dew.distributed import ProcessError, join, processes_from
+
+    parser = argparse.ArgumentParser(add_help=False)
+    _add_process_flags(parser)
+    known = vars(parser.parse_known_args(argv)[0])
+    try:
+        processes = processes_from(**known)
+    except ProcessError as error:
+        raise _CommandError(str(error)) from error
+    if processes is not None:
+        join(processes)
 
 
 def _add_task_flags(parser: argparse.ArgumentParser) -> None:
@@ -372,7 +412,8 @@ def _parse_train(argv: list[str]):
     except argparse.ArgumentError as error:
         raise _CommandError(str(error)) from error
     quiet = args.pop("quiet", False)
-    args.pop("compile_cache")
+    for process_flag in ("compile_cache", "coordinator_address", "num_processes", "process_id"):
+        args.pop(process_flag, None)
     options = dict(saved.get("objective_options", {})) if saved.get("objective") == name else {}
     options.update({k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("objective.")})
     tasks = _task_values(args, saved)
@@ -385,14 +426,19 @@ def _parse_train(argv: list[str]):
 
 
 def _command_train(argv: list[str]) -> int:
-    """Run `dew train`; the exit status."""
+    """Run `dew train`; the exit status.
+
+    In a run of several processes only process 0 prints.
+    """
+    _join_processes(argv)
     config, quiet = _parse_train(argv)
     from rich.console import Console
 
+    from dew.distributed import is_primary
     from dew.rollout import RewardError
     from dew.train import ConfigError, TrainingError, train
 
-    console = Console()
+    console = Console(quiet=not is_primary())
     try:
         result = train(
             config,
