@@ -1,6 +1,7 @@
 """The `dew` command: `dew train` teaches a policy a task, `dew sample` shows what it learned.
 
-`dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message.
+`dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message;
+`dew launch --processes N -- train ARGS` runs one training run as N local processes.
 
 `dew train --objective NAME --help` lists the objective's own hyperparameters: every field of the
 objective's dataclass becomes a `--field-name` flag. Invalid options stop the command with a
@@ -680,6 +681,45 @@ def _command_chat(argv: list[str]) -> int:
     return 0
 
 
+def _launch_parser() -> argparse.ArgumentParser:
+    """The parser of `dew launch`."""
+    parser = argparse.ArgumentParser(
+        prog="dew launch",
+        usage="dew launch [-h] --processes N -- train ARGS",
+        description="Run `dew train ARGS` as N processes on this host, joined into one run "
+        "through JAX's distributed runtime (a coordinator on a free local port); each process "
+        "has the devices JAX gives it (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count"
+        "=2 gives each two). Prints process 0's output; stops them all when one fails.",
+        exit_on_error=False,
+    )
+    parser.add_argument(
+        "--processes", type=int, required=True, metavar="N", help="how many processes (>= 1)"
+    )
+    return parser
+
+
+def _command_launch(argv: list[str]) -> int:
+    """Run `dew launch`: N local processes of one `dew train` run; the exit status."""
+    own, sep, command = (
+        (argv[: argv.index("--")], "--", argv[argv.index("--") + 1 :])
+        if "--" in argv
+        else (argv, "", [])
+    )
+    try:
+        args = _launch_parser().parse_args(own)
+    except argparse.ArgumentError as error:
+        raise _CommandError(str(error)) from error
+    if args.processes < 1:
+        raise _CommandError(f"--processes must be >= 1, got {args.processes}")
+    if not sep or command[:1] != ["train"]:
+        raise _CommandError(
+            "dew launch runs a training command: dew launch --processes N -- train ARGS"
+        )
+    from dew._launch import launch
+
+    return launch(args.processes, command)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     """The top-level `dew` parser (its help lists the commands).
 
@@ -712,6 +752,9 @@ def _build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "export", help="write a run's policy as a Hugging Face model folder", add_help=False
     )
+    commands.add_parser(
+        "launch", help="run `dew train` as several local processes of one run", add_help=False
+    )
     return parser
 
 
@@ -721,6 +764,7 @@ _COMMANDS = {
     "eval": _command_eval,
     "chat": _command_chat,
     "export": _command_export,
+    "launch": _command_launch,
 }
 
 
@@ -764,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         parser.print_usage(sys.stderr)
-        known = "use train, sample, eval, chat or export"
+        known = "use train, sample, eval, chat, export or launch"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
     command = _COMMANDS[argv[0]]
