@@ -100,7 +100,7 @@ def processes_from(
         for name, value in given.items()
     }
     if values["num_processes"] is None:
-        others = [name for name in ("process_id", "coordinator_address") if given[name]]
+        others = [name for name in ("process_id", "coordinator_address") if given[name] is not None]
         if others:
             raise ProcessError(f"{_flag(others[0])} needs --num-processes")
         return None
