@@ -135,6 +135,11 @@ def join(processes: Processes) -> None:
     Call it before any JAX computation. On CPU the collectives between processes run over Gloo;
     each process keeps the devices JAX gives it (on a host of CPUs,
     `XLA_FLAGS=--xla_force_host_platform_device_count=N` gives each N).
+
+    Examples:
+      >>> processes = processes_from(environ={})  # no settings: a run of one process
+      >>> if processes is not None:
+      ...     join(processes)
     """
     import jax
 
