@@ -431,8 +431,8 @@ def _command_train(argv: list[str]) -> int:
 
     In a run of several processes only process 0 prints.
     """
+    config, quiet = _parse_train(argv)  # every flag checked before JAX starts
     _join_processes(argv)
-    config, quiet = _parse_train(argv)
     from rich.console import Console
 
     from dew.distributed import is_primary
