@@ -32,7 +32,8 @@ slack for a loaded machine."""
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or "CACHE" in k}
-    flags = f"--xla_force_host_platform_device_count={devices}"
+    # Optimisation level 0 compiles a third faster; both layouts compare at the same level.
+    flags = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
     return {**env, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", **extra}
 
 
