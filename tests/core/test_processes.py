@@ -6,6 +6,7 @@ the session's compilation cache; the module's runs are made once and shared by t
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -160,3 +161,9 @@ def test_flag_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_launch_says_which_process_failed_and_passes_its_status(capfd):
+    assert main(["launch", "--processes", "2", "--", "train", "--steps", "x"]) == 2
+    err = capfd.readouterr().err  # both fail; the launcher names the first it sees
+    assert re.search(r"dew launch: process [01] of 2 exited with status 2; stopped the others", err)
