@@ -42,6 +42,10 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.batch": set(),
     "dew.cli": {"main"},
     "dew.compile_cache": {"default_cache_dir"},
+    "dew.distributed": {
+        "ENVIRONMENT", "HEARTBEAT_S", "ProcessError", "barrier", "Processes", "is_primary", "join",
+        "processes_from",
+    },
     "dew.evaluation": set(),
     "dew.hf": {
         "SHARD_BYTES", "CheckpointError", "load_policy", "load_tokenizer", "save_adapters",
@@ -49,7 +53,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     },
     "dew.inference": {"Run"},
     "dew.mesh": {
-        "AXIS", "batch_sharding", "make_mesh", "param_shardings", "replicated", "to_host",
+        "AXIS", "assemble", "batch_sharding", "gather_rows", "make_mesh", "param_shardings",
+        "process_rows", "replicated", "to_host",
     },
     "dew.models": set(),
     "dew.models.llama": {

@@ -1,10 +1,10 @@
 """mkdocs hook: the benchmarks page's tables are rendered from `benchmarks/results/*.json`.
 
 A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
-`<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->` or
-`<!-- bench: smollm2_arithmetic -->`; the hook replaces each with a table of the
-numbers the scripts last wrote, so the page shows what was measured, not what someone typed. The
-prose around the tables quotes the same files.
+`<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
+`<!-- bench: smollm2_arithmetic -->` or `<!-- bench: processes -->`; the hook replaces each with a
+table of the numbers the scripts last wrote, so the page shows what was measured, not what
+someone typed. The prose around the tables quotes the same files.
 """
 
 import json
@@ -145,6 +145,24 @@ def models_table() -> str:
     return markdown_table(["phase", "batch", "tokens/s", "roofline tokens/s", "of roofline"], rows)
 
 
+def processes_table() -> str:
+    """One row per layout: median ms per step, rollout and update, and against one device."""
+    results = load("processes")
+    base = results["layouts"]["1 process x 1 device"]["step_s"]
+    rows = [
+        [
+            name,
+            f"{1000 * run['step_s']:.0f}",
+            f"{1000 * run['rollout_s']:.0f}",
+            f"{1000 * run['update_s']:.0f}",
+            f"{run['step_s'] / base:.2f}",
+        ]
+        for name, run in results["layouts"].items()
+    ]
+    header = ["layout", "ms / step", "rollout ms", "update ms", "step time / 1 device"]
+    return markdown_table(header, rows)
+
+
 def machine_table() -> str:
     """Where each script last ran, as the scripts recorded it."""
     math, train = load("rl_math")["machine"], load("train")["machine"]
@@ -190,6 +208,8 @@ def expand(match: re.Match) -> str:
         return smollm2_arithmetic_table()
     if table == "models":
         return models_table()
+    if table == "processes":
+        return processes_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
 
 

@@ -1,6 +1,7 @@
 """The `dew` command: `dew train` teaches a policy a task, `dew sample` shows what it learned.
 
-`dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message.
+`dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message;
+`dew launch --processes N -- train ARGS` runs one training run as N local processes.
 
 `dew train --objective NAME --help` lists the objective's own hyperparameters: every field of the
 objective's dataclass becomes a `--field-name` flag. Invalid options stop the command with a
@@ -272,10 +273,50 @@ def _train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentPars
     )
     _add_config_flags(parser, defaults)
     _add_task_flags(parser)
+    _add_process_flags(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     if objective_cls is not None:
         _add_objective_flags(parser, objective_cls)
     return parser
+
+
+def _add_process_flags(parser: argparse.ArgumentParser) -> None:
+    """`--coordinator-address`, `--num-processes`, `--process-id`: JAX's multi-process settings."""
+    group = parser.add_argument_group("processes (one run over several processes or hosts)")
+    group.add_argument(
+        "--coordinator-address",
+        metavar="HOST:PORT",
+        default=argparse.SUPPRESS,
+        help="where process 0 serves JAX's coordinator (default: $JAX_COORDINATOR_ADDRESS)",
+    )
+    group.add_argument(
+        "--num-processes",
+        metavar="N",
+        default=argparse.SUPPRESS,
+        help="processes in the run (default: $JAX_NUM_PROCESSES, else 1)",
+    )
+    group.add_argument(
+        "--process-id",
+        metavar="N",
+        default=argparse.SUPPRESS,
+        help="this process's index, 0 to N - 1; process 0 writes the run folder "
+        "(default: $JAX_PROCESS_ID)",
+    )
+
+
+def _join_processes(argv: list[str]) -> None:
+    """Join the multi-process run the flags or JAX's environment variables name, if any."""
+    from dew.distributed import ProcessError, join, processes_from
+
+    parser = argparse.ArgumentParser(add_help=False)
+    _add_process_flags(parser)
+    known = vars(parser.parse_known_args(argv)[0])
+    try:
+        processes = processes_from(**known)
+    except ProcessError as error:
+        raise _CommandError(str(error)) from error
+    if processes is not None:
+        join(processes)
 
 
 def _add_task_flags(parser: argparse.ArgumentParser) -> None:
@@ -373,7 +414,8 @@ def _parse_train(argv: list[str]):
     except argparse.ArgumentError as error:
         raise _CommandError(str(error)) from error
     quiet = args.pop("quiet", False)
-    args.pop("compile_cache")
+    for process_flag in ("compile_cache", "coordinator_address", "num_processes", "process_id"):
+        args.pop(process_flag, None)
     options = dict(saved.get("objective_options", {})) if saved.get("objective") == name else {}
     options.update({k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("objective.")})
     tasks = _task_values(args, saved)
@@ -386,14 +428,19 @@ def _parse_train(argv: list[str]):
 
 
 def _command_train(argv: list[str]) -> int:
-    """Run `dew train`; the exit status."""
-    config, quiet = _parse_train(argv)
+    """Run `dew train`; the exit status.
+
+    In a run of several processes only process 0 prints.
+    """
+    config, quiet = _parse_train(argv)  # every flag checked before JAX starts
+    _join_processes(argv)
     from rich.console import Console
 
+    from dew.distributed import is_primary
     from dew.rollout import RewardError
     from dew.train import ConfigError, TrainingError, train
 
-    console = Console()
+    console = Console(quiet=not is_primary())
     try:
         result = train(
             config,
@@ -635,6 +682,45 @@ def _command_chat(argv: list[str]) -> int:
     return 0
 
 
+def _launch_parser() -> argparse.ArgumentParser:
+    """The parser of `dew launch`."""
+    parser = argparse.ArgumentParser(
+        prog="dew launch",
+        usage="dew launch [-h] --processes N -- train ARGS",
+        description="Run `dew train ARGS` as N processes on this host, joined into one run "
+        "through JAX's distributed runtime (a coordinator on a free local port); each process "
+        "has the devices JAX gives it (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count"
+        "=2 gives each two). Prints process 0's output; stops them all when one fails.",
+        exit_on_error=False,
+    )
+    parser.add_argument(
+        "--processes", type=int, required=True, metavar="N", help="how many processes (>= 1)"
+    )
+    return parser
+
+
+def _command_launch(argv: list[str]) -> int:
+    """Run `dew launch`: N local processes of one `dew train` run; the exit status."""
+    own, sep, command = (
+        (argv[: argv.index("--")], "--", argv[argv.index("--") + 1 :])
+        if "--" in argv
+        else (argv, "", [])
+    )
+    try:
+        args = _launch_parser().parse_args(own)
+    except argparse.ArgumentError as error:
+        raise _CommandError(str(error)) from error
+    if args.processes < 1:
+        raise _CommandError(f"--processes must be >= 1, got {args.processes}")
+    if not sep or command[:1] != ["train"]:
+        raise _CommandError(
+            "dew launch runs a training command: dew launch --processes N -- train ARGS"
+        )
+    from dew._launch import launch
+
+    return launch(args.processes, command)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     """The top-level `dew` parser (its help lists the commands).
 
@@ -667,6 +753,9 @@ def _build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "export", help="write a run's policy as a Hugging Face model folder", add_help=False
     )
+    commands.add_parser(
+        "launch", help="run `dew train` as several local processes of one run", add_help=False
+    )
     return parser
 
 
@@ -676,6 +765,7 @@ _COMMANDS = {
     "eval": _command_eval,
     "chat": _command_chat,
     "export": _command_export,
+    "launch": _command_launch,
 }
 
 
@@ -719,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 0
         parser.print_usage(sys.stderr)
-        known = "use train, sample, eval, chat or export"
+        known = "use train, sample, eval, chat, export or launch"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
     command = _COMMANDS[argv[0]]

@@ -1,8 +1,10 @@
 """The device mesh and array layouts on it: data-parallel batches, replicated or FSDP params.
 
 Only JAX's own sharding is used (`Mesh`, `NamedSharding`, `jax.device_put`, `jit` shardings): the
-compiler inserts the collectives, so the same code runs on one CPU, several GPUs or several hosts
-started with `jax.distributed.initialize()`.
+compiler inserts the collectives, so the same code runs on one CPU, several GPUs or several
+processes joined by `jax.distributed.initialize()` (`dew.distributed`). With several processes the
+mesh spans every process's devices, process by process, so each process holds one contiguous block
+of a batch's rows (`process_rows`): it scores those, and `assemble` makes the global array of them.
 """
 
 import jax
@@ -13,9 +15,12 @@ from jax.sharding import PartitionSpec as P
 
 __all__ = [
     "AXIS",
+    "assemble",
     "batch_sharding",
+    "gather_rows",
     "make_mesh",
     "param_shardings",
+    "process_rows",
     "replicated",
     "to_host",
 ]
@@ -91,6 +96,63 @@ def param_shardings(tree, mesh: Mesh, fsdp: bool = False):
         return NamedSharding(mesh, _fsdp_spec(np.shape(x), size) if fsdp else P())
 
     return jax.tree.map(one, tree)
+
+
+def process_rows(sharding: jax.sharding.Sharding | None, rows: int) -> slice:
+    """The rows of a `[rows, ...]` array laid out with `sharding` that this process holds.
+
+    All of them with one process or no sharding; with several, this process's contiguous block.
+
+    Examples:
+      >>> process_rows(batch_sharding(make_mesh(1)), 8), process_rows(None, 8)
+      (slice(0, 8, None), slice(0, 8, None))
+    """
+    if sharding is None:
+        return slice(0, rows)
+    held = [index[0] for index in sharding.addressable_devices_indices_map((rows,)).values()]
+    return slice(
+        min(part.start or 0 for part in held),
+        max(rows if part.stop is None else part.stop for part in held),
+    )
+
+
+def assemble(local, sharding: jax.sharding.Sharding | None, rows: int) -> jax.Array:
+    """The global `[rows, ...]` array laid out with `sharding`, from this process's rows `local`.
+
+    `local` holds the rows `process_rows(sharding, rows)`; each process passes its own
+    (`jax.make_array_from_process_local_data`).
+
+    Examples:
+      >>> assemble(np.arange(4.0), batch_sharding(make_mesh(1)), 4)
+      Array([0., 1., 2., 3.], dtype=float32)
+    """
+    local = np.asarray(local)
+    local = local.astype(jax.dtypes.canonicalize_dtype(local.dtype))
+    if sharding is None:
+        return jax.numpy.asarray(local)
+    return jax.make_array_from_process_local_data(sharding, local, (rows, *local.shape[1:]))
+
+
+def gather_rows(tree, sharding: jax.sharding.Sharding | None):
+    """`tree`'s NumPy arrays of this process's rows, joined with every other process's in order.
+
+    The rows are `process_rows(sharding, ...)`; unchanged when this process holds them all. The
+    bytes travel as they are: a float64 array stays float64, though JAX (without x64) holds none.
+
+    Examples:
+      >>> gather_rows({"rewards": np.array([0.1, 0.2])}, None)
+      {'rewards': array([0.1, 0.2])}
+    """
+    if sharding is None or sharding.is_fully_addressable:
+        return tree
+
+    def gather(x):
+        x = np.ascontiguousarray(x)
+        words = x.reshape(len(x), -1).view(np.uint32)
+        joined = np.asarray(multihost_utils.process_allgather(words, tiled=True))
+        return joined.view(x.dtype).reshape(-1, *x.shape[1:])
+
+    return jax.tree.map(gather, tree)
 
 
 def to_host(tree):

@@ -9,12 +9,11 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from dew.batch import Batch
-from dew.mesh import to_host
+from dew.mesh import assemble, gather_rows, process_rows, to_host
 from dew.rollout.prompter import Prompter, Prompts
 from dew.sampling import sample_state
 
@@ -98,7 +97,8 @@ def rollout(
 
     Prompt `g` fills rows `g * group ... (g + 1) * group - 1`. Prompts are padded to the
     prompter's width so every call has the same shapes. The batch's arrays are placed with
-    `sharding` (batch axis first) when given.
+    `sharding` (batch axis first) when given; with several processes each places, samples and
+    scores the rows it holds (`dew.mesh.process_rows`), and the host copies are the whole batch's.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -118,9 +118,9 @@ def rollout(
     expanded = [prompt for prompt in prompts.tokens for _ in range(group)]
     examples = [example for example in prompts.examples for _ in range(group)]
     padded, lengths = _pad_prompts(expanded, prompter.width, prompter.pad_id)
-    padded, lengths = jnp.asarray(padded), jnp.asarray(lengths)
-    if sharding is not None:
-        padded, lengths = jax.device_put((padded, lengths), sharding)
+    # Each process places the prompts of the rows it holds, samples them and scores them.
+    mine = process_rows(sharding, len(expanded))
+    padded, lengths = (assemble(x[mine], sharding, len(expanded)) for x in (padded, lengths))
     samples = sample_state(
         graphdef,
         params,
@@ -138,13 +138,16 @@ def rollout(
         (samples.tokens, samples.prompt_mask, samples.completion_mask, samples.behavior_log_probs)
     )
     sample_s = time.perf_counter() - began
-    rewards, parts = prompter.score(examples, _completions(tokens, completion_mask))
+    completions = _completions(tokens[mine], completion_mask[mine])
+    rewards, parts = prompter.score(examples[mine], completions)
+    placed = assemble(rewards, sharding, len(examples))
+    rewards, parts = gather_rows((rewards, parts), sharding)
     batch = Batch(
         tokens=samples.tokens,
         prompt_mask=samples.prompt_mask,
         completion_mask=samples.completion_mask,
         behavior_log_probs=samples.behavior_log_probs,
-        rewards=jnp.asarray(rewards) if sharding is None else jax.device_put(rewards, sharding),
+        rewards=placed,
         group=group,
     )
     return Rollout(

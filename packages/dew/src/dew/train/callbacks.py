@@ -62,12 +62,14 @@ class Callback:
 class MetricsLog(Callback):
     """Appends each step's row to `metrics.jsonl`; `rows` holds the run's rows so far.
 
+    Without `write` the rows are only kept (the processes of a run other than the first).
+
     Attributes:
       rows: the metrics rows, those a resumed run kept included.
     """
 
-    def __init__(self, run_dir: Path, resumed_at: int | None = None):
-        self.file = _MetricsFile(run_dir, keep_through=resumed_at)
+    def __init__(self, run_dir: Path, resumed_at: int | None = None, write: bool = True):
+        self.file = _MetricsFile(run_dir, keep_through=resumed_at, write=write)
 
     @property
     def rows(self) -> list[dict[str, Any]]:

@@ -476,6 +476,11 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
     devices = available if config.mesh.devices is None else config.mesh.devices
     if not 1 <= devices <= available:
         raise ConfigError(f"--devices must be in [1, {available}], got {devices}")
+    if jax.process_count() > 1 and devices != available:
+        raise ConfigError(
+            f"--devices must be all {available} devices of the run's {jax.process_count()} "
+            f"processes, got {devices}"
+        )
     rows = source.rows(rollout.prompts, rollout.group)
     for what, count in (
         ("batch rows per micro-batch", rows // update.micro_batches),

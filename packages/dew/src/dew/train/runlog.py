@@ -120,17 +120,24 @@ def _clean(value):
 class _MetricsFile:
     """`metrics.jsonl`: one JSON object per step, flushed as it is written."""
 
-    def __init__(self, run_dir: Path, keep_through: int | None = None):
-        """Open the file: keep the rows up to step `keep_through` (resume), or start empty."""
-        self.path = run_dir / METRICS
-        rows = read_metrics(run_dir) if keep_through is not None else []
+    def __init__(self, run_dir: Path, keep_through: int | None = None, write: bool = True):
+        """Open the file: keep the rows up to step `keep_through` (resume), or start empty.
+
+        Without `write` (a process other than a run's first) the rows are kept in memory only:
+        the new ones, not the file's.
+        """
+        self.path = run_dir / METRICS if write else None
+        rows = read_metrics(run_dir) if keep_through is not None and write else []
         self.rows = [row for row in rows if row["step"] <= (keep_through or 0)]
-        with self.path.open("w") as out:
-            out.writelines(json.dumps(row) + "\n" for row in self.rows)
+        if self.path is not None:
+            with self.path.open("w") as out:
+                out.writelines(json.dumps(row) + "\n" for row in self.rows)
 
     def append(self, row: dict[str, Any]) -> None:
         """Add the metrics of one step (a NaN is kept in `rows` and written as null)."""
         self.rows.append(row)
+        if self.path is None:
+            return
         with self.path.open("a") as out:
             out.write(json.dumps({key: _clean(value) for key, value in row.items()}) + "\n")
 

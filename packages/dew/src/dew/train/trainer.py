@@ -22,6 +22,7 @@ from flax import nnx
 from rich.console import Console
 
 from dew.batch import Batch
+from dew.distributed import barrier, is_primary
 from dew.evaluation import evaluate as evaluate_policy
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
 from dew.models.lora import _adapters_off, add_lora, trainable
@@ -94,7 +95,9 @@ class Trainer:
 
     Everything is checked before anything is written: the options, the model's name, the
     objective's and task's. Then the run folder gets `config.json`, the policy is loaded or
-    initialised, and a resumed run restores its last checkpoint.
+    initialised, and a resumed run restores its last checkpoint. In a run of several processes
+    (`dew.distributed`) every process builds a `Trainer` with the same config; process 0 alone
+    writes the run folder's files and prints, and every process saves its part of each checkpoint.
 
     Examples:
       >>> import shutil, tempfile
@@ -129,20 +132,30 @@ class Trainer:
         check_folder(self.run_dir, config.run.resume)
         resumed = config.run.resume
         changes = resume_changes(self.run_dir, config, self.task.name) if resumed else {}
+        barrier("dew: run folder checked")  # by every process before the first writes to it
+        self.primary = is_primary()
         self.lock = RunLock(self.run_dir)
-        self.lock.acquire()
+        if self.primary:
+            self.lock.acquire()
         try:
             self._open(source, changes)
         except BaseException:
             self.lock.release()
             raise
-        self.log = MetricsLog(self.run_dir, resumed_at=self.step if resumed else None)
-        self.callbacks: list[Callback] = [
+        self.log = MetricsLog(
+            self.run_dir, resumed_at=self.step if resumed else None, write=self.primary
+        )
+        built_in: list[Callback] = [
             self.log,
             Progress(config.run.steps, self.step, console, quiet),
             Checkpointing(config.run.checkpoint_every),
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
+        ]
+        # Every process saves its part of a checkpoint; only the first writes and prints the rest.
+        every_process = (MetricsLog, Checkpointing)
+        self.callbacks: list[Callback] = [
+            *(c for c in built_in if self.primary or isinstance(c, every_process)),
             *callbacks,
         ]
         self.saved: int | None = self.step if resumed else None
@@ -172,7 +185,8 @@ class Trainer:
             model_config=dataclasses.asdict(policy.config),
             changes=history,
         )
-        _write_config(self.run_dir, entry)
+        if self.primary:
+            _write_config(self.run_dir, entry)
 
     def _place(self, policy) -> None:
         """Split the policy and lay it out, with the optimizer and reference, on the mesh.

@@ -1,0 +1,114 @@
+"""`dew launch`: several local processes of one `dew train` run, for trying a multi-process run.
+
+Each process is `dew train ARGS` with JAX's settings in its environment (`JAX_COORDINATOR_ADDRESS`
+on a free local port, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`) and the devices JAX gives it there.
+Process 0's output is the launcher's; another's error output is shown when it fails. When one
+process fails the others are stopped, and the launcher exits with the failed one's status.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_POLL_S = 0.2
+_STOP_S = 10.0
+"""Seconds a stopped process has to finish (its checkpoint in flight) before it is killed."""
+_SHOWN_LINES = 5
+"""The last lines of a failed process's error output the launcher shows."""
+_RUN = "import sys; from dew.cli import main; sys.exit(main())"
+
+
+def free_port() -> int:
+    """A TCP port on this host that no process listens on now.
+
+    Examples:
+      >>> 0 < free_port() < 65536
+      True
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def process_environment(count: int, index: int, port: int) -> dict[str, str]:
+    """The environment of process `index` of `count` joined through the coordinator on `port`.
+
+    Examples:
+      >>> env = process_environment(2, 1, 1234)
+      >>> env["JAX_COORDINATOR_ADDRESS"], env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]
+      ('127.0.0.1:1234', '2', '1')
+    """
+    return {
+        **os.environ,
+        "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+        "JAX_NUM_PROCESSES": str(count),
+        "JAX_PROCESS_ID": str(index),
+    }
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM to every process still running, SIGKILL to those not done `_STOP_S` later."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_S
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _describe(status: int) -> str:
+    return f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+
+
+def launch(count: int, argv: list[str]) -> int:
+    """Run `dew ARGV` as `count` local processes joined into one run; the exit status.
+
+    0 when every process finished; else the first failed process's status (1 for a signal).
+    """
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="dew-launch-") as logs:
+        errors = [Path(logs) / f"{index}.err" for index in range(count)]
+        processes = []
+        for index in range(count):
+            quiet = index > 0
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _RUN, *argv],
+                    env=process_environment(count, index, port),
+                    stdout=subprocess.DEVNULL if quiet else None,
+                    stderr=errors[index].open("w") if quiet else None,
+                )
+            )
+        try:
+            while True:
+                failed = [p for p in processes if p.poll() not in (None, 0)]
+                if failed:
+                    break
+                if all(p.poll() == 0 for p in processes):
+                    return 0
+                time.sleep(_POLL_S)
+        except KeyboardInterrupt:
+            _stop(processes)
+            return 130
+        first = failed[0]
+        index = processes.index(first)
+        _stop(processes)
+        print(
+            f"dew launch: process {index} of {count} {_describe(first.returncode)}; "
+            "stopped the others",
+            file=sys.stderr,
+        )
+        if index > 0:
+            shown = errors[index].read_text(errors="replace").splitlines()[-_SHOWN_LINES:]
+            for line in shown:
+                print(f"  process {index}: {line}", file=sys.stderr)
+        return first.returncode if first.returncode > 0 else 1
