@@ -17,14 +17,17 @@ from dew import cli
 from dew.models.outputs import PolicyOutputs, log_probs, policy_outputs
 from dew.objective import load_objective
 from dew.objectives.rl import CISPO, GMPO, SAPO, PolicyGradient, ReinforcePlusPlus
+from dew.objectives.rl.terms import batch_key
 from dew.options import ConfigError
 from dew.rl import (
     abs_kl,
     batch_std_advantage,
     cispo_terms,
+    clip_cov_terms,
     clipped_surrogate_terms,
     dppo_kl_terms,
     dppo_tv_terms,
+    dro_terms,
     gmpo_terms,
     gpg_advantage,
     group_advantage,
@@ -33,6 +36,7 @@ from dew.rl import (
     k2_kl,
     k3_kl,
     k3_kl_straight_through,
+    kl_cov_terms,
     masked_importance_weights,
     masked_sequence_importance_weights,
     opo_advantage,
@@ -52,6 +56,7 @@ from dew.rl import (
     token_log_ratio,
     token_mean,
     token_sum,
+    two_sided_clipped_surrogate_terms,
 )
 from dew.tasks import Reverse
 from dew.train import TrainConfig, train
@@ -119,10 +124,20 @@ TERMS = {
     "reinforce": lambda lp, b, a, m: reinforce_terms(lp, a, m),
     "dppo_tv": lambda lp, b, a, m: dppo_tv_terms(lp, b.old_log_probs, a, m, 0.1, 0.3),
     "dppo_kl": lambda lp, b, a, m: dppo_kl_terms(lp, b.old_log_probs, a, m, 0.1, 0.3),
+    "clip_cov": lambda lp, b, a, m: clip_cov_terms(
+        lp, b.old_log_probs, a, m, batch_key(b), 0.1, 0.3, 0.5, -0.5, 2.0
+    ),
+    "kl_cov": lambda lp, b, a, m: kl_cov_terms(lp, b.old_log_probs, a, m, 0.25, 0.5),
+    "dro": lambda lp, b, a, m: dro_terms(lp, b.old_log_probs, a, m, 0.3),
+    "two_sided": lambda lp, b, a, m: two_sided_clipped_surrogate_terms(
+        _ratio(lp, b), a, m, 1.5, 0.1, 0.3
+    ),
 }
 TERM_OPTIONS = {
     "epsilon_low": 0.1, "epsilon_high": 0.3, "dual_clip": 2.0,
     "tau_positive": 0.5, "tau_negative": 2.0,
+    "clip_cov_ratio": 0.5, "clip_cov_low": -0.5, "clip_cov_high": 2.0,
+    "kl_cov_ratio": 0.25, "kl_cov_coef": 0.5, "dro_beta": 0.3, "delta": 1.5,
 }  # fmt: skip
 
 
@@ -332,3 +347,36 @@ def test_the_trainer_hands_the_entropy_to_an_objective_that_asks(tmp_path):
     )  # fmt: skip
     history = train(config, task=Reverse(1, 1), quiet=True).history
     assert history[0]["entropy"] > 0
+
+
+def test_clip_cov_draws_from_a_key_of_the_batch_so_a_resumed_run_draws_the_same(fixed):
+    batch, lp = fixed
+    assert bool(
+        jnp.all(jax.random.key_data(batch_key(batch)) == jax.random.key_data(batch_key(batch)))
+    )
+    other = batch.replace(tokens=batch.tokens.at[0, 0].add(1))
+    assert not bool(
+        jnp.all(jax.random.key_data(batch_key(other)) == jax.random.key_data(batch_key(batch)))
+    )
+    objective = PolicyGradient(term="clip_cov", beta=0.0, **TERM_OPTIONS)
+    prepared = objective.prepare(batch)
+    terms = TERMS["clip_cov"](lp, batch, prepared.advantages, batch.completion_mask)
+    clip = TERMS["clip"](lp, batch, prepared.advantages, batch.completion_mask)
+    # Some tokens' terms are cut to 0: the options reach the draw.
+    assert int(jnp.sum((terms == 0) & (clip != 0) & batch.completion_mask)) > 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"clip_cov_ratio": 0.0}, "--clip-cov-ratio"),
+        ({"clip_cov_low": 5.0, "clip_cov_high": 1.0}, "--clip-cov-low (5.0) must be below"),
+        ({"kl_cov_ratio": 1.5}, "--kl-cov-ratio"),
+        ({"kl_cov_coef": -1.0}, "--kl-cov-coef"),
+        ({"dro_beta": 0.0}, "--dro-beta"),
+        ({"delta": 1.0}, "--delta"),
+    ],
+)
+def test_the_new_terms_options_are_range_checked(options, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PolicyGradient(**options)
