@@ -28,6 +28,7 @@ from dew.rl import (
     dppo_kl_terms,
     dppo_tv_terms,
     dro_terms,
+    gdpo_advantage,
     gmpo_terms,
     gpg_advantage,
     group_advantage,
@@ -91,6 +92,19 @@ def test_each_advantage_estimator_is_its_dew_rl_call(fixed, name):
     batch, _ = fixed
     prepared = PolicyGradient(advantage=name, gamma=0.9).prepare(batch)
     np.testing.assert_array_equal(prepared.advantages, ADVANTAGES[name](batch))
+
+
+def test_gdpo_is_its_dew_rl_call_on_the_batchs_reward_components(fixed):
+    batch, _ = fixed
+    components = jnp.stack([batch.rewards, jnp.arange(8.0) % 3], axis=1)
+    scored = batch.replace(reward_components=components, reward_weights=(1.0, 0.5))
+    prepared = PolicyGradient(advantage="gdpo").prepare(scored)
+    expected = gdpo_advantage(components, batch.completion_mask, 4, jnp.array([1.0, 0.5]))
+    np.testing.assert_array_equal(prepared.advantages, expected)
+    with pytest.raises(ValueError, match="needs batch field\\(s\\) reward_components"):
+        PolicyGradient(advantage="gdpo").prepare(batch)
+    with pytest.raises(ConfigError, match="--advantage gdpo"):
+        PolicyGradient(advantage="gdpo", overlong_buffer=10)
 
 
 def test_the_kl_in_the_reward_is_subtracted_per_token_before_the_advantages(fixed):
@@ -275,7 +289,7 @@ def test_the_new_presets_carry_their_papers_defaults():
 
 def test_a_bad_choice_in_python_is_a_config_error_listing_the_choices():
     with pytest.raises(
-        ConfigError, match=r"^--term must be one of clip, gspo, .*dppo_kl; got 'ppo'$"
+        ConfigError, match=r"^--term must be one of clip, gspo, .*two_sided; got 'ppo'$"
     ):
         PolicyGradient(term="ppo")
     with pytest.raises(ConfigError, match=r"--tis-cap must be >= 1 with --importance token_mask"):

@@ -55,6 +55,20 @@ def _completions(tokens: np.ndarray, completion_mask: np.ndarray) -> list[list[i
     return [row[mask].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
 
 
+def _reward_components(parts: dict[str, np.ndarray]) -> np.ndarray:
+    """`[B, K]` float32 scores of the K reward functions in `parts` order, 0 where one was None.
+
+    A None adds nothing to the weighted total; as a component it is a 0 as well.
+
+    Examples:
+      >>> _reward_components({"a": np.array([1.0, np.nan]), "b": np.array([0.5, 2.0])})
+      array([[1. , 0.5],
+             [0. , 2. ]], dtype=float32)
+    """
+    columns = [np.nan_to_num(values, nan=0.0) for values in parts.values()]
+    return np.stack(columns, axis=1).astype(np.float32)
+
+
 class Rollout(NamedTuple):
     """A scored batch and its host-side copies.
 
@@ -139,13 +153,19 @@ def rollout(
     )
     sample_s = time.perf_counter() - began
     rewards, parts = prompter.score(examples, _completions(tokens, completion_mask))
+    scored = (rewards, _reward_components(parts))
+    scored = (
+        jax.tree.map(jnp.asarray, scored) if sharding is None else jax.device_put(scored, sharding)
+    )
     batch = Batch(
         tokens=samples.tokens,
         prompt_mask=samples.prompt_mask,
         completion_mask=samples.completion_mask,
         behavior_log_probs=samples.behavior_log_probs,
-        rewards=jnp.asarray(rewards) if sharding is None else jax.device_put(rewards, sharding),
+        rewards=scored[0],
         group=group,
+        reward_components=scored[1],
+        reward_weights=tuple(float(reward.weight) for reward in prompter.rewards),
     )
     return Rollout(
         batch, examples, tokens, prompt_mask, completion_mask, behavior, rewards, parts, sample_s

@@ -222,6 +222,8 @@ def _take_groups(
       ((4, 9), 2)
       >>> bool((batch.tokens[:2] == parts[1].tokens[:2]).all())
       True
+      >>> batch.reward_components.shape, batch.reward_weights
+      ((4, 1), (1.0,))
       >>> bool((batch.tokens[2:] == parts[0].tokens[2:]).all())
       True
     """
@@ -231,8 +233,23 @@ def _take_groups(
             [getattr(parts[p], name)[g * group : (g + 1) * group] for p, g in picks]
         )
 
+    def components():
+        return np.concatenate(
+            [
+                np.asarray(parts[p].batch.reward_components)[g * group : (g + 1) * group]
+                for p, g in picks
+            ]
+        )
+
     names = ("tokens", "prompt_mask", "completion_mask", "behavior_log_probs", "rewards")
-    return Batch(*_placed(tuple(rows(name) for name in names), sharding), group=group)
+    arrays = (*(rows(name) for name in names), components())
+    *fields, reward_components = _placed(arrays, sharding)
+    return Batch(
+        *fields,
+        group=group,
+        reward_components=reward_components,
+        reward_weights=parts[0].batch.reward_weights,
+    )
 
 
 def _rows(prompter: Prompter, examples, completions, group: int, sharding, rewards=None) -> Batch:

@@ -57,6 +57,7 @@ Advantage = Literal[
     "gpg",
     "opo",
     "pass_at_k",
+    "gdpo",
 ]
 Term = Literal[
     "clip",
@@ -104,7 +105,8 @@ class PolicyGradient:
 
     Attributes:
       advantage: the advantage estimator: group (GRPO), group_centred (Dr.GRPO), rloo,
-        batch_std, reinforce_plus_plus, reinforce_plus_plus_baseline, gpg, opo, pass_at_k.
+        batch_std, reinforce_plus_plus, reinforce_plus_plus_baseline, gpg, opo, pass_at_k,
+        gdpo (each reward function standardised in its group, then weighted and summed).
       gamma: the discount of the reinforce_plus_plus returns-to-go.
       overlong_max_length: DAPO's `L_max`: completions this long or longer get reward -1 more.
       overlong_buffer: DAPO's `L_cache`: completions longer than `L_max - L_cache` lose reward
@@ -185,6 +187,11 @@ class PolicyGradient:
             raise ConfigError(
                 f"--overlong-buffer ({self.overlong_buffer}) must be below "
                 f"--overlong-max-length ({self.overlong_max_length})"
+            )
+        if self.advantage == "gdpo" and (self.overlong_buffer > 0 or self.kl_in == "reward"):
+            raise ConfigError(
+                "--advantage gdpo estimates from each reward function's own scores: it takes "
+                "neither --overlong-buffer nor --kl-in reward"
             )
         if self.clip_cov_low >= self.clip_cov_high:
             raise ConfigError(
