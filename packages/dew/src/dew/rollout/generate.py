@@ -55,16 +55,19 @@ def _completions(tokens: np.ndarray, completion_mask: np.ndarray) -> list[list[i
     return [row[mask].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
 
 
-def _reward_components(parts: dict[str, np.ndarray]) -> np.ndarray:
+def _reward_components(parts: dict[str, np.ndarray]) -> np.ndarray | None:
     """`[B, K]` float32 scores of the K reward functions in `parts` order, 0 where one was None.
 
-    A None adds nothing to the weighted total; as a component it is a 0 as well.
+    A None adds nothing to the weighted total; as a component it is a 0 as well. None when
+    `parts` is empty.
 
     Examples:
       >>> _reward_components({"a": np.array([1.0, np.nan]), "b": np.array([0.5, 2.0])})
       array([[1. , 0.5],
              [0. , 2. ]], dtype=float32)
     """
+    if not parts:
+        return None
     columns = [np.nan_to_num(values, nan=0.0) for values in parts.values()]
     return np.stack(columns, axis=1).astype(np.float32)
 
@@ -82,6 +85,7 @@ class Rollout(NamedTuple):
       rewards: `[B]` NumPy rewards, the reward functions' weighted sum.
       reward_parts: each reward function's `[B]` scores, NaN where it could not judge.
       sample_s: seconds the sampler took, transfer to the host included.
+      reward_weights: each reward function's weight, in `reward_parts` order.
     """
 
     batch: Batch
@@ -93,6 +97,7 @@ class Rollout(NamedTuple):
     rewards: np.ndarray
     reward_parts: dict[str, np.ndarray]
     sample_s: float
+    reward_weights: tuple[float, ...] = ()
 
 
 def rollout(
@@ -153,6 +158,7 @@ def rollout(
     )
     sample_s = time.perf_counter() - began
     rewards, parts = prompter.score(examples, _completions(tokens, completion_mask))
+    weights = tuple(float(reward.weight) for reward in prompter.rewards)
     scored = (rewards, _reward_components(parts))
     scored = (
         jax.tree.map(jnp.asarray, scored) if sharding is None else jax.device_put(scored, sharding)
@@ -165,8 +171,17 @@ def rollout(
         rewards=scored[0],
         group=group,
         reward_components=scored[1],
-        reward_weights=tuple(float(reward.weight) for reward in prompter.rewards),
+        reward_weights=weights,
     )
     return Rollout(
-        batch, examples, tokens, prompt_mask, completion_mask, behavior, rewards, parts, sample_s
+        batch,
+        examples,
+        tokens,
+        prompt_mask,
+        completion_mask,
+        behavior,
+        rewards,
+        parts,
+        sample_s,
+        weights,
     )

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.batch import Batch
-from dew.rollout.generate import Rollout
+from dew.rollout.generate import Rollout, _reward_components
 from dew.rollout.prompter import Prompter, Prompts
 
 __all__ = [
@@ -233,22 +233,21 @@ def _take_groups(
             [getattr(parts[p], name)[g * group : (g + 1) * group] for p, g in picks]
         )
 
-    def components():
-        return np.concatenate(
-            [
-                np.asarray(parts[p].batch.reward_components)[g * group : (g + 1) * group]
-                for p, g in picks
-            ]
-        )
-
     names = ("tokens", "prompt_mask", "completion_mask", "behavior_log_probs", "rewards")
-    arrays = (*(rows(name) for name in names), components())
+    scores = {
+        name: np.concatenate(
+            [parts[p].reward_parts[name][g * group : (g + 1) * group] for p, g in picks]
+        )
+        for name in parts[0].reward_parts
+    }
+    components = _reward_components(scores)
+    arrays = (*(rows(name) for name in names), components)
     *fields, reward_components = _placed(arrays, sharding)
     return Batch(
         *fields,
         group=group,
         reward_components=reward_components,
-        reward_weights=parts[0].batch.reward_weights,
+        reward_weights=parts[0].reward_weights,
     )
 
 
