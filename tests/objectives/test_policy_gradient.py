@@ -303,6 +303,8 @@ def test_a_bad_choice_in_python_is_a_config_error_listing_the_choices():
         (["--objective", "sapo", "--aggregation", "mean"], r"--aggregation: invalid choice"),
         (["--objective", "cispo", "--kl", "k4"], r"--kl: invalid choice.*k3_importance"),
         (["--objective", "gmpo", "--epsilon-low", "2"], r"--epsilon-low must be in \[0, 1\]"),
+        (["--term", "two_sided", "--delta", "1"], r"--delta must be > 1, got 1.0"),
+        (["--term", "clip_cov", "--clip-cov-low", "6"], r"--clip-cov-low \(6.0\) must be below"),
     ],
 )
 def test_a_bad_choice_on_the_command_line_stops_it_in_one_line(capsys, tmp_path, argv, message):
