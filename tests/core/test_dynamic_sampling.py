@@ -53,13 +53,17 @@ def test_take_groups_keeps_whole_groups_in_the_order_asked():
         return Rollout(
             batch=None, examples=[{}] * 4, tokens=rows.astype(np.int32), prompt_mask=rows > 0,
             completion_mask=rows > 1, behavior_log_probs=rows.astype(np.float32),
-            rewards=rows[:, 0].astype(np.float32), reward_parts={}, sample_s=0.0,
+            rewards=rows[:, 0].astype(np.float32), reward_parts={"r": 2.0 * rows[:, 0]},
+            sample_s=0.0, reward_weights=(0.5,),
         )  # fmt: skip
 
     batch = _take_groups([part(0), part(10)], [(1, 1), (0, 0)], group=2)
     np.testing.assert_array_equal(batch.tokens[:, 0], [12, 13, 0, 1])
     np.testing.assert_array_equal(batch.rewards, [12.0, 13.0, 0.0, 1.0])
     assert batch.group == 2 and batch.size == 4
+    # Each reward function's scores travel with their rows, for GDPO.
+    np.testing.assert_array_equal(batch.reward_components[:, 0], [24.0, 26.0, 0.0, 2.0])
+    assert batch.reward_weights == (0.5,)
 
 
 def run(tmp_path, objective, **changes):

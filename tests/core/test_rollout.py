@@ -54,7 +54,7 @@ def test_each_prompt_fills_group_adjacent_rows(policy):
 def test_a_batch_is_a_pytree_with_a_static_group(policy):
     batch = rollout(*policy, PROMPTER, draw(2), 2, jax.random.key(0)).batch
     leaves, treedef = jax.tree.flatten(batch)
-    assert len(leaves) == 5  # the None fields carry nothing
+    assert len(leaves) == 6  # the None fields carry nothing
     assert jax.tree.unflatten(treedef, leaves).group == 2
     doubled = jax.jit(lambda b: b.replace(rewards=b.rewards * 2))(batch)
     assert doubled.group == 2
@@ -108,6 +108,10 @@ def test_rewards_need_not_lie_in_the_unit_interval_and_none_adds_nothing(policy)
     credit, parts = out.reward_parts["answer_credit"], out.reward_parts["penalty"]
     np.testing.assert_allclose(out.rewards, credit + np.where(np.isnan(parts), 0.0, -1.25))
     assert np.isnan(parts[0::2]).all() and (parts[1::2] == -2.5).all()
+    # Each function's score travels on the batch with its weight, a None as 0 (for GDPO).
+    components = np.asarray(out.batch.reward_components)
+    np.testing.assert_array_equal(components, np.stack([credit, np.nan_to_num(parts)], axis=1))
+    assert out.batch.reward_weights == out.reward_weights == (1.0, 0.5)
 
 
 def test_reward_functions_get_the_columns_the_text_and_the_ids(policy):

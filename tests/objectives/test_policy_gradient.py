@@ -17,14 +17,18 @@ from dew import cli
 from dew.models.outputs import PolicyOutputs, log_probs, policy_outputs
 from dew.objective import load_objective
 from dew.objectives.rl import CISPO, GMPO, SAPO, PolicyGradient, ReinforcePlusPlus
+from dew.objectives.rl.terms import batch_key
 from dew.options import ConfigError
 from dew.rl import (
     abs_kl,
     batch_std_advantage,
     cispo_terms,
+    clip_cov_terms,
     clipped_surrogate_terms,
     dppo_kl_terms,
     dppo_tv_terms,
+    dro_terms,
+    gdpo_advantage,
     gmpo_terms,
     gpg_advantage,
     group_advantage,
@@ -33,6 +37,7 @@ from dew.rl import (
     k2_kl,
     k3_kl,
     k3_kl_straight_through,
+    kl_cov_terms,
     masked_importance_weights,
     masked_sequence_importance_weights,
     opo_advantage,
@@ -52,6 +57,7 @@ from dew.rl import (
     token_log_ratio,
     token_mean,
     token_sum,
+    two_sided_clipped_surrogate_terms,
 )
 from dew.tasks import Reverse
 from dew.train import TrainConfig, train
@@ -88,6 +94,19 @@ def test_each_advantage_estimator_is_its_dew_rl_call(fixed, name):
     np.testing.assert_array_equal(prepared.advantages, ADVANTAGES[name](batch))
 
 
+def test_gdpo_is_its_dew_rl_call_on_the_batchs_reward_components(fixed):
+    batch, _ = fixed
+    components = jnp.stack([batch.rewards, jnp.arange(8.0) % 3], axis=1)
+    scored = batch.replace(reward_components=components, reward_weights=(1.0, 0.5))
+    prepared = PolicyGradient(advantage="gdpo").prepare(scored)
+    expected = gdpo_advantage(components, batch.completion_mask, 4, jnp.array([1.0, 0.5]))
+    np.testing.assert_array_equal(prepared.advantages, expected)
+    with pytest.raises(ValueError, match="needs batch field\\(s\\) reward_components"):
+        PolicyGradient(advantage="gdpo").prepare(batch)
+    with pytest.raises(ConfigError, match="--advantage gdpo"):
+        PolicyGradient(advantage="gdpo", overlong_buffer=10)
+
+
 def test_the_kl_in_the_reward_is_subtracted_per_token_before_the_advantages(fixed):
     batch, _ = fixed
     mask = batch.completion_mask
@@ -119,10 +138,20 @@ TERMS = {
     "reinforce": lambda lp, b, a, m: reinforce_terms(lp, a, m),
     "dppo_tv": lambda lp, b, a, m: dppo_tv_terms(lp, b.old_log_probs, a, m, 0.1, 0.3),
     "dppo_kl": lambda lp, b, a, m: dppo_kl_terms(lp, b.old_log_probs, a, m, 0.1, 0.3),
+    "clip_cov": lambda lp, b, a, m: clip_cov_terms(
+        lp, b.old_log_probs, a, m, batch_key(b), 0.1, 0.3, 0.5, -0.5, 2.0
+    ),
+    "kl_cov": lambda lp, b, a, m: kl_cov_terms(lp, b.old_log_probs, a, m, 0.25, 0.5),
+    "dro": lambda lp, b, a, m: dro_terms(lp, b.old_log_probs, a, m, 0.3),
+    "two_sided": lambda lp, b, a, m: two_sided_clipped_surrogate_terms(
+        _ratio(lp, b), a, m, 1.5, 0.1, 0.3
+    ),
 }
 TERM_OPTIONS = {
     "epsilon_low": 0.1, "epsilon_high": 0.3, "dual_clip": 2.0,
     "tau_positive": 0.5, "tau_negative": 2.0,
+    "clip_cov_ratio": 0.5, "clip_cov_low": -0.5, "clip_cov_high": 2.0,
+    "kl_cov_ratio": 0.25, "kl_cov_coef": 0.5, "dro_beta": 0.3, "delta": 1.5,
 }  # fmt: skip
 
 
@@ -260,7 +289,7 @@ def test_the_new_presets_carry_their_papers_defaults():
 
 def test_a_bad_choice_in_python_is_a_config_error_listing_the_choices():
     with pytest.raises(
-        ConfigError, match=r"^--term must be one of clip, gspo, .*dppo_kl; got 'ppo'$"
+        ConfigError, match=r"^--term must be one of clip, gspo, .*two_sided; got 'ppo'$"
     ):
         PolicyGradient(term="ppo")
     with pytest.raises(ConfigError, match=r"--tis-cap must be >= 1 with --importance token_mask"):
@@ -274,6 +303,8 @@ def test_a_bad_choice_in_python_is_a_config_error_listing_the_choices():
         (["--objective", "sapo", "--aggregation", "mean"], r"--aggregation: invalid choice"),
         (["--objective", "cispo", "--kl", "k4"], r"--kl: invalid choice.*k3_importance"),
         (["--objective", "gmpo", "--epsilon-low", "2"], r"--epsilon-low must be in \[0, 1\]"),
+        (["--term", "two_sided", "--delta", "1"], r"--delta must be > 1, got 1.0"),
+        (["--term", "clip_cov", "--clip-cov-low", "6"], r"--clip-cov-low \(6.0\) must be below"),
     ],
 )
 def test_a_bad_choice_on_the_command_line_stops_it_in_one_line(capsys, tmp_path, argv, message):
@@ -332,3 +363,36 @@ def test_the_trainer_hands_the_entropy_to_an_objective_that_asks(tmp_path):
     )  # fmt: skip
     history = train(config, task=Reverse(1, 1), quiet=True).history
     assert history[0]["entropy"] > 0
+
+
+def test_clip_cov_draws_from_a_key_of_the_batch_so_a_resumed_run_draws_the_same(fixed):
+    batch, lp = fixed
+    assert bool(
+        jnp.all(jax.random.key_data(batch_key(batch)) == jax.random.key_data(batch_key(batch)))
+    )
+    other = batch.replace(tokens=batch.tokens.at[0, 0].add(1))
+    assert not bool(
+        jnp.all(jax.random.key_data(batch_key(other)) == jax.random.key_data(batch_key(batch)))
+    )
+    objective = PolicyGradient(term="clip_cov", beta=0.0, **TERM_OPTIONS)
+    prepared = objective.prepare(batch)
+    terms = TERMS["clip_cov"](lp, batch, prepared.advantages, batch.completion_mask)
+    clip = TERMS["clip"](lp, batch, prepared.advantages, batch.completion_mask)
+    # Some tokens' terms are cut to 0: the options reach the draw.
+    assert int(jnp.sum((terms == 0) & (clip != 0) & batch.completion_mask)) > 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"clip_cov_ratio": 0.0}, "--clip-cov-ratio"),
+        ({"clip_cov_low": 5.0, "clip_cov_high": 1.0}, "--clip-cov-low (5.0) must be below"),
+        ({"kl_cov_ratio": 1.5}, "--kl-cov-ratio"),
+        ({"kl_cov_coef": -1.0}, "--kl-cov-coef"),
+        ({"dro_beta": 0.0}, "--dro-beta"),
+        ({"delta": 1.0}, "--delta"),
+    ],
+)
+def test_the_new_terms_options_are_range_checked(options, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PolicyGradient(**options)

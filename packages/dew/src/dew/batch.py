@@ -41,6 +41,10 @@ class Batch:
       advantages: `[B]` or `[B, T]`, filled by the objective's `prepare`.
       returns: `[B, T]` value targets, filled by the objective's `prepare`.
       segments: `[B, T]` int32 packed-chain ids (>= 1) when several sequences share a row.
+      reward_components: `[B, K]` float32 score of each of the task's K reward functions (0
+        where one could not judge), in the task's order, or None; `rewards` is their weighted
+        sum.
+      reward_weights: the K reward functions' weights (static), `()` without components.
     """
 
     tokens: jax.Array
@@ -55,6 +59,8 @@ class Batch:
     advantages: jax.Array | None = None
     returns: jax.Array | None = None
     segments: jax.Array | None = None
+    reward_components: jax.Array | None = None
+    reward_weights: tuple[float, ...] = dataclasses.field(default=(), metadata={"static": True})
 
     @property
     def size(self) -> int:

@@ -54,6 +54,23 @@ def _completions(tokens: np.ndarray, completion_mask: np.ndarray) -> list[list[i
     return [row[mask].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
 
 
+def _reward_components(parts: dict[str, np.ndarray]) -> np.ndarray | None:
+    """`[B, K]` float32 scores of the K reward functions in `parts` order, 0 where one was None.
+
+    A None adds nothing to the weighted total; as a component it is a 0 as well. None when
+    `parts` is empty.
+
+    Examples:
+      >>> _reward_components({"a": np.array([1.0, np.nan]), "b": np.array([0.5, 2.0])})
+      array([[1. , 0.5],
+             [0. , 2. ]], dtype=float32)
+    """
+    if not parts:
+        return None
+    columns = [np.nan_to_num(values, nan=0.0) for values in parts.values()]
+    return np.stack(columns, axis=1).astype(np.float32)
+
+
 class Rollout(NamedTuple):
     """A scored batch and its host-side copies.
 
@@ -67,6 +84,7 @@ class Rollout(NamedTuple):
       rewards: `[B]` NumPy rewards, the reward functions' weighted sum.
       reward_parts: each reward function's `[B]` scores, NaN where it could not judge.
       sample_s: seconds the sampler took, transfer to the host included.
+      reward_weights: each reward function's weight, in `reward_parts` order.
     """
 
     batch: Batch
@@ -78,6 +96,7 @@ class Rollout(NamedTuple):
     rewards: np.ndarray
     reward_parts: dict[str, np.ndarray]
     sample_s: float
+    reward_weights: tuple[float, ...] = ()
 
 
 def rollout(
@@ -140,8 +159,12 @@ def rollout(
     sample_s = time.perf_counter() - began
     completions = _completions(tokens[mine], completion_mask[mine])
     rewards, parts = prompter.score(examples[mine], completions)
+    components = _reward_components(parts)
     placed = assemble(rewards, sharding, len(examples))
+    if components is not None:
+        components = assemble(components, sharding, len(examples))
     rewards, parts = gather_rows((rewards, parts), sharding)
+    weights = tuple(float(reward.weight) for reward in prompter.rewards)
     batch = Batch(
         tokens=samples.tokens,
         prompt_mask=samples.prompt_mask,
@@ -149,7 +172,18 @@ def rollout(
         behavior_log_probs=samples.behavior_log_probs,
         rewards=placed,
         group=group,
+        reward_components=components,
+        reward_weights=weights,
     )
     return Rollout(
-        batch, examples, tokens, prompt_mask, completion_mask, behavior, rewards, parts, sample_s
+        batch,
+        examples,
+        tokens,
+        prompt_mask,
+        completion_mask,
+        behavior,
+        rewards,
+        parts,
+        sample_s,
+        weights,
     )

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.batch import Batch
-from dew.rollout.generate import Rollout
+from dew.rollout.generate import Rollout, _reward_components
 from dew.rollout.prompter import Prompter, Prompts
 
 __all__ = [
@@ -222,6 +222,8 @@ def _take_groups(
       ((4, 9), 2)
       >>> bool((batch.tokens[:2] == parts[1].tokens[:2]).all())
       True
+      >>> batch.reward_components.shape, batch.reward_weights
+      ((4, 1), (1.0,))
       >>> bool((batch.tokens[2:] == parts[0].tokens[2:]).all())
       True
     """
@@ -232,7 +234,21 @@ def _take_groups(
         )
 
     names = ("tokens", "prompt_mask", "completion_mask", "behavior_log_probs", "rewards")
-    return Batch(*_placed(tuple(rows(name) for name in names), sharding), group=group)
+    scores = {
+        name: np.concatenate(
+            [parts[p].reward_parts[name][g * group : (g + 1) * group] for p, g in picks]
+        )
+        for name in parts[0].reward_parts
+    }
+    components = _reward_components(scores)
+    arrays = (*(rows(name) for name in names), components)
+    *fields, reward_components = _placed(arrays, sharding)
+    return Batch(
+        *fields,
+        group=group,
+        reward_components=reward_components,
+        reward_weights=parts[0].reward_weights,
+    )
 
 
 def _rows(prompter: Prompter, examples, completions, group: int, sharding, rewards=None) -> Batch:

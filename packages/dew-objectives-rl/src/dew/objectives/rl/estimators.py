@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from dew.batch import Batch
 from dew.rl import (
     batch_std_advantage,
+    gdpo_advantage,
     gpg_advantage,
     group_advantage,
     opo_advantage,
@@ -112,6 +113,12 @@ def _pass_at_k(objective, batch: Batch, rewards: Rewards) -> jax.Array:
     return pass_at_k_advantage(rewards.outcome, batch.group)
 
 
+def _gdpo(objective, batch: Batch, rewards: Rewards) -> jax.Array:
+    batch.require("reward_components", by=objective.name)
+    weights = jnp.asarray(batch.reward_weights, jnp.float32)
+    return gdpo_advantage(batch.reward_components, batch.completion_mask, batch.group, weights)
+
+
 ADVANTAGES: dict[str, Estimator] = {
     "group": _group,
     "group_centred": _group_centred,
@@ -122,6 +129,7 @@ ADVANTAGES: dict[str, Estimator] = {
     "gpg": _gpg,
     "opo": _opo,
     "pass_at_k": _pass_at_k,
+    "gdpo": _gdpo,
 }
 """`--advantage` value to estimator: the `dew.rl` function each one calls.
 
@@ -135,4 +143,7 @@ ADVANTAGES: dict[str, Estimator] = {
   whitened over the batch.
 - `gpg`: `gpg_advantage`; `opo`: `opo_advantage` (length-weighted group baseline);
   `pass_at_k`: `pass_at_k_advantage` (only each group's best completion).
+- `gdpo`: `gdpo_advantage` of the batch's `reward_components`, each of the task's reward
+  functions standardised within its group, weighted by its weight, summed and whitened (the
+  rollout fills the components; the shaped total is not used).
 """

@@ -34,12 +34,18 @@ from dew.options import (
 from dew.rl import token_mean
 from dew.rollout.sources import BatchSource, DynamicSampling, Sampled
 
-__all__ = ["CLIP_LOW", "DUAL_CLIP", "PolicyGradient"]
+__all__ = ["CLIP_LOW", "COVARIANCE", "DELTA", "DUAL_CLIP", "FRACTION", "PolicyGradient"]
 
 CLIP_LOW = Range(0, 1)
 """The lower clip: the ratio's floor `1 - epsilon_low` stays at or above 0 (1: no floor)."""
 DUAL_CLIP = Range(1, math.inf, low_open=True, high_open=True)
 """The dual clip bounds the loss of a negative advantage at `dual_clip * |A|`, above the clip."""
+DELTA = Range(1, math.inf, low_open=True, high_open=True)
+"""The two-sided cap on the unclipped ratio sits above 1."""
+FRACTION = Range(0, 1, low_open=True)
+"""A share of the batch's tokens: above 0, at most all of them."""
+COVARIANCE = Range(-math.inf, math.inf, low_open=True, high_open=True)
+"""A bound on the advantage-log-probability covariance: any finite number."""
 
 Advantage = Literal[
     "group",
@@ -51,8 +57,22 @@ Advantage = Literal[
     "gpg",
     "opo",
     "pass_at_k",
+    "gdpo",
 ]
-Term = Literal["clip", "gspo", "cispo", "sapo", "gmpo", "reinforce", "dppo_tv", "dppo_kl"]
+Term = Literal[
+    "clip",
+    "gspo",
+    "cispo",
+    "sapo",
+    "gmpo",
+    "reinforce",
+    "dppo_tv",
+    "dppo_kl",
+    "clip_cov",
+    "kl_cov",
+    "dro",
+    "two_sided",
+]
 KL = Literal["k1", "abs", "k2", "k3", "k3_plus", "k3_importance"]
 KLPlace = Literal["loss", "reward"]
 Aggregation = Literal[
@@ -85,19 +105,31 @@ class PolicyGradient:
 
     Attributes:
       advantage: the advantage estimator: group (GRPO), group_centred (Dr.GRPO), rloo,
-        batch_std, reinforce_plus_plus, reinforce_plus_plus_baseline, gpg, opo, pass_at_k.
+        batch_std, reinforce_plus_plus, reinforce_plus_plus_baseline, gpg, opo, pass_at_k,
+        gdpo (each reward function standardised in its group, then weighted and summed).
       gamma: the discount of the reinforce_plus_plus returns-to-go.
       overlong_max_length: DAPO's `L_max`: completions this long or longer get reward -1 more.
       overlong_buffer: DAPO's `L_cache`: completions longer than `L_max - L_cache` lose reward
         linearly, to -1 at `L_max`; 0 turns the shaping off.
       term: the per-token policy-gradient term: clip (PPO's clipped surrogate), gspo (the same
-        on a sequence ratio), cispo, sapo, gmpo, reinforce, dppo_tv, dppo_kl.
-      epsilon_low: how far below 1 the ratio is clipped (clip, gspo, cispo, dppo; gmpo in log
-        space).
+        on a sequence ratio), cispo, sapo, gmpo, reinforce, dppo_tv, dppo_kl, clip_cov,
+        kl_cov, dro, two_sided (PPO's clip with the unclipped ratio capped at `delta`).
+      epsilon_low: how far below 1 the ratio is clipped (clip, gspo, cispo, dppo, clip_cov,
+        two_sided; gmpo in log space).
       epsilon_high: how far above 1 the ratio is clipped (as epsilon_low).
       dual_clip: the dual-clip bound for negative advantages (clip, gspo), or None.
       tau_positive: SAPO's gate temperature for positive advantages.
       tau_negative: SAPO's gate temperature for negative advantages.
+      clip_cov_ratio: Clip-Cov's share of the kept tokens whose gradient is cut (verl's
+        `clip_cov_ratio`).
+      clip_cov_low: the covariance above which a token may be cut (verl's `clip_cov_lb`).
+      clip_cov_high: the covariance below which a token may be cut (verl's `clip_cov_ub`).
+      kl_cov_ratio: KL-Cov's share of the kept tokens that carry the KL penalty (verl's
+        `kl_cov_ratio`).
+      kl_cov_coef: KL-Cov's penalty coefficient (verl's `ppo_kl_coef`).
+      dro_beta: DRO's quadratic penalty coefficient (verl's `dro_beta`, which has no default;
+        0.1 here).
+      delta: two_sided's cap on the unclipped ratio (TRL's `delta`; 4 as in INTELLECT-2).
       kl: the KL estimator: k1, abs, k2, k3, k3_plus (k3's value, k2's gradient),
         k3_importance (k3 times the ratio to the rollout policy).
       kl_in: where the KL goes: loss (a term of the loss) or reward (subtracted per token
@@ -130,6 +162,13 @@ class PolicyGradient:
     dual_clip: float | None = option(3.0, DUAL_CLIP)
     tau_positive: float = option(1.0, POSITIVE)
     tau_negative: float = option(1.05, POSITIVE)
+    clip_cov_ratio: float = option(0.0002, FRACTION)
+    clip_cov_low: float = option(1.0, COVARIANCE)
+    clip_cov_high: float = option(5.0, COVARIANCE)
+    kl_cov_ratio: float = option(0.0002, FRACTION)
+    kl_cov_coef: float = option(0.1, NON_NEGATIVE)
+    dro_beta: float = option(0.1, POSITIVE)
+    delta: float = option(4.0, DELTA)
     kl: KL = "k3"
     kl_in: KLPlace = "loss"
     beta: float = option(0.04, NON_NEGATIVE)
@@ -148,6 +187,16 @@ class PolicyGradient:
             raise ConfigError(
                 f"--overlong-buffer ({self.overlong_buffer}) must be below "
                 f"--overlong-max-length ({self.overlong_max_length})"
+            )
+        if self.advantage == "gdpo" and (self.overlong_buffer > 0 or self.kl_in == "reward"):
+            raise ConfigError(
+                "--advantage gdpo estimates from each reward function's own scores: it takes "
+                "neither --overlong-buffer nor --kl-in reward"
+            )
+        if self.clip_cov_low >= self.clip_cov_high:
+            raise ConfigError(
+                f"--clip-cov-low ({self.clip_cov_low}) must be below "
+                f"--clip-cov-high ({self.clip_cov_high})"
             )
         if self.importance.endswith("_mask") and self.tis_cap is not None and self.tis_cap < 1:
             raise ConfigError(

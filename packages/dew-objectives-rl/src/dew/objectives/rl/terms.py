@@ -9,21 +9,25 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from dew.batch import Batch
 from dew.rl import (
     abs_kl,
     behavior_importance_weights,
     cispo_terms,
+    clip_cov_terms,
     clipped_surrogate_terms,
     dppo_kl_terms,
     dppo_tv_terms,
+    dro_terms,
     gmpo_terms,
     importance_weighted_k3_kl,
     k1_kl,
     k2_kl,
     k3_kl,
     k3_kl_straight_through,
+    kl_cov_terms,
     masked_importance_weights,
     masked_sequence_importance_weights,
     reinforce_terms,
@@ -32,9 +36,10 @@ from dew.rl import (
     sequence_log_ratio,
     terminal_rewards,
     token_log_ratio,
+    two_sided_clipped_surrogate_terms,
 )
 
-__all__ = ["CORRECTIONS", "KL_ESTIMATORS", "TERMS"]
+__all__ = ["CORRECTIONS", "KL_ESTIMATORS", "TERMS", "batch_key"]
 
 PolicyTerm = Callable[[Any, jax.Array, Batch], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -95,6 +100,58 @@ def _dppo_kl(o, log_probs: jax.Array, batch: Batch):
     return dppo_kl_terms(log_probs, old, advantages, mask, o.epsilon_low, o.epsilon_high), {}
 
 
+def batch_key(batch: Batch) -> jax.Array:
+    """A `jax.random` key that is a function of the batch's tokens alone.
+
+    The same batch gives the same key, so a resumed run draws what the uninterrupted run drew;
+    another batch (another step, another micro-batch) gives, in all likelihood, another key.
+    """
+    tokens = batch.tokens.astype(jnp.uint32)
+    weights = jnp.arange(1, tokens.size + 1, dtype=jnp.uint32).reshape(tokens.shape)
+    # uint32 arithmetic wraps: the fold is a hash of the tokens and their positions.
+    return jax.random.fold_in(jax.random.key(0), jnp.sum(tokens * weights, dtype=jnp.uint32))
+
+
+def _clip_cov(o, log_probs: jax.Array, batch: Batch):
+    mask, old, advantages = batch.completion_mask, batch.old_log_probs, batch.advantages
+    terms = clip_cov_terms(
+        log_probs,
+        old,
+        advantages,
+        mask,
+        batch_key(batch),
+        o.epsilon_low,
+        o.epsilon_high,
+        o.clip_cov_ratio,
+        o.clip_cov_low,
+        o.clip_cov_high,
+    )
+    return terms, {}
+
+
+def _kl_cov(o, log_probs: jax.Array, batch: Batch):
+    mask, old, advantages = batch.completion_mask, batch.old_log_probs, batch.advantages
+    return kl_cov_terms(log_probs, old, advantages, mask, o.kl_cov_ratio, o.kl_cov_coef), {}
+
+
+def _dro(o, log_probs: jax.Array, batch: Batch):
+    mask, old, advantages = batch.completion_mask, batch.old_log_probs, batch.advantages
+    return dro_terms(log_probs, old, advantages, mask, o.dro_beta), {}
+
+
+def _two_sided(o, log_probs: jax.Array, batch: Batch):
+    log_ratio = token_log_ratio(log_probs, batch.old_log_probs)
+    terms = two_sided_clipped_surrogate_terms(
+        log_ratio,
+        batch.advantages,
+        batch.completion_mask,
+        o.delta,
+        o.epsilon_low,
+        o.epsilon_high,
+    )
+    return terms, {}
+
+
 TERMS: dict[str, PolicyTerm] = {
     "clip": _clip,
     "gspo": _gspo,
@@ -104,6 +161,10 @@ TERMS: dict[str, PolicyTerm] = {
     "reinforce": _reinforce,
     "dppo_tv": _dppo_tv,
     "dppo_kl": _dppo_kl,
+    "clip_cov": _clip_cov,
+    "kl_cov": _kl_cov,
+    "dro": _dro,
+    "two_sided": _two_sided,
 }
 """`--term` value to per-token policy-gradient term.
 
@@ -115,6 +176,14 @@ TERMS: dict[str, PolicyTerm] = {
   weight then weighs it by that token's ratio: pair it with `sequence` or `sequence_mask`).
 - `reinforce`: `reinforce_terms`, `-A log pi`.
 - `dppo_tv`, `dppo_kl`: `dppo_tv_terms`, `dppo_kl_terms`, REINFORCE in a trust region.
+- `clip_cov`: `clip_cov_terms`, PPO's terms with the gradient of a random few
+  high-covariance tokens cut (`clip_cov_ratio`, `clip_cov_low`, `clip_cov_high`); the draw's
+  key is `batch_key` of the micro-batch, so a resumed run draws the same tokens.
+- `kl_cov`: `kl_cov_terms`, the unclipped surrogate plus `kl_cov_coef * |log r|` on the
+  `kl_cov_ratio` of tokens of largest covariance.
+- `dro`: `dro_terms`, REINFORCE less `dro_beta / 2` times the squared log ratio.
+- `two_sided`: `two_sided_clipped_surrogate_terms`, PPO's terms with the unclipped ratio also
+  capped at `delta` (TRL's `delta`, INTELLECT-2).
 """
 
 
