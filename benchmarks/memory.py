@@ -1,0 +1,338 @@
+"""Memory of one GRPO update step: full fine-tuning, LoRA, remat, chunked log-probs, bfloat16.
+
+Run by hand from the repository root (about ten minutes on a 2-core CPU):
+
+    uv run python benchmarks/memory.py
+
+For SmolLM2-135M's configuration (read from the packaged GGUF's metadata) and a randomly
+initialised model with Qwen2.5-0.5B's (24 layers, hidden 896, 14 query / 2 key-value heads,
+intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO, its KL
+reference pass included, one optimizer step per rollout, one micro-batch) is compiled for the
+host and XLA's own buffer assignment read back (`compiled.memory_analysis()`); nothing that large
+runs. Per setting:
+
+- peak bytes at B x T: arguments + outputs - donated aliases + temporaries (the most the program
+  holds at once), split into what it takes in (weights, optimizer state, reference, batch) and
+  what it allocates while running (activations, logits, gradients);
+- trainable parameters and their share of the base;
+- the largest batch at T that fits in 24 GiB: peak bytes are affine in B at fixed T (weights
+  fixed, activations per row), so two compiles give the line, and a third at its answer checks
+  it (stepping down a group at a time while it does not fit).
+
+Then, actually run: seconds per update step of SmolLM2-135M's size at a small batch per setting,
+and the trainer's tokens/s on short completions packed (`--pack`) against unpacked.
+
+Prints tables and writes `benchmarks/results/memory.json`.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dew._gguf import gguf_config, read_gguf
+from dew.batch import Batch
+from dew.models.llama import ModelConfig, abstract, build
+from dew.models.lora import add_lora, trainable
+from dew.models.registry import resolve_model
+from dew.objective import load_objective
+from dew.train._packing import plan
+from dew.train._precision import cast_floating
+from dew.train.config import TrainConfig
+from dew.train.update import UpdateSpec, make_update, optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
+GiB = 2**30
+BUDGET = 24 * GiB
+GROUP = 8
+
+QWEN25_05B = ModelConfig(
+    vocab_size=151_936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32_768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    attention_bias=True,
+    tie_word_embeddings=True,
+)
+"""Qwen2.5-0.5B's `config.json`, as `dew.hf` reads it."""
+
+ATTENTION = "q_proj,k_proj,v_proj,o_proj"
+SETTINGS = {
+    "full fine-tuning": {},
+    "LoRA r8": {"lora_rank": 8},
+    "LoRA r8 + remat + logit chunk 256": {"lora_rank": 8, "remat": True, "logit_chunk": 256},
+    "LoRA r8 + remat + chunk + bf16 params": {
+        "lora_rank": 8,
+        "remat": True,
+        "logit_chunk": 256,
+        "param_dtype": "bfloat16",
+    },
+    "LoRA r8 + remat + chunk + bf16 params and compute": {
+        "lora_rank": 8,
+        "remat": True,
+        "logit_chunk": 256,
+        "param_dtype": "bfloat16",
+        "compute_dtype": "bfloat16",
+    },
+}
+"""Each setting's options, by their flag names; the LoRA modules are the default seven."""
+
+
+def smollm2_config() -> ModelConfig:
+    """SmolLM2-135M-Instruct's configuration, from the packaged GGUF file's metadata."""
+    return gguf_config(read_gguf(resolve_model("smollm2").path))
+
+
+def shapes(tree):
+    """`tree` with every array a `jax.ShapeDtypeStruct`."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def policy_parts(model: ModelConfig, config: TrainConfig, shaped: bool = True):
+    """`(graphdef, trained, frozen)` of a run of `config` on `model`, split as the trainer does.
+
+    `shaped`: the base is `abstract` (nothing allocated) and every leaf a `ShapeDtypeStruct`.
+    """
+    policy = abstract(model) if shaped else build(model, 0)
+    lora = config.lora
+    if lora.lora_rank:
+        policy = add_lora(policy, lora.lora_rank, lora.lora_alpha, lora.modules, 0)
+    graphdef, params, frozen = nnx.split(policy, trainable if lora.lora_rank else nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    frozen = nnx.to_pure_dict(frozen)
+    if shaped:
+        params, frozen = shapes(params), shapes(frozen)
+        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
+        stored = jnp.dtype(config.precision.param_dtype)
+        frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, stored), frozen)
+        return graphdef, params, frozen
+    return (
+        graphdef,
+        cast_floating(params, "float32"),
+        cast_floating(frozen, config.precision.param_dtype),
+    )
+
+
+def reference(params, config: TrainConfig):
+    """The KL reference the trainer keeps: adapters at zero, or a copy in `--param-dtype`."""
+    dtype = "float32" if config.lora.lora_rank else config.precision.param_dtype
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), params)
+
+
+def batch_shapes(rows: int, length: int) -> Batch:
+    """A GRPO batch of `rows` x `length`, as shapes."""
+    token, flag = (
+        jax.ShapeDtypeStruct((rows, length), jnp.int32),
+        jax.ShapeDtypeStruct((rows, length), jnp.bool_),
+    )
+    floats = jax.ShapeDtypeStruct((rows, length), jnp.float32)
+    return Batch(token, flag, flag, floats, jax.ShapeDtypeStruct((rows,), jnp.float32), GROUP)
+
+
+def update_spec(graphdef, config: TrainConfig) -> UpdateSpec:
+    objective = load_objective("grpo")
+    return UpdateSpec(
+        graphdef,
+        objective,
+        config.optimizer,
+        config.update,
+        memory=config.memory,
+        compute_dtype=config.precision.compute_dtype,
+    )
+
+
+def compiled_memory(model: ModelConfig, config: TrainConfig, rows: int, length: int) -> dict:
+    """The compiled update's memory analysis at `rows` x `length`, in bytes, and compile seconds."""
+    graphdef, params, frozen = policy_parts(model, config)
+    opt_state = jax.eval_shape(optimizer(config.optimizer).init, params)
+    update = make_update(update_spec(graphdef, config))
+    began = time.perf_counter()
+    compiled = update.lower(
+        params, opt_state, frozen, reference(params, config), batch_shapes(rows, length)
+    ).compile()
+    seconds = time.perf_counter() - began
+    analysis = compiled.memory_analysis()
+    inputs = analysis.argument_size_in_bytes
+    peak = inputs + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+    peak += analysis.temp_size_in_bytes
+    return {
+        "peak_bytes": int(peak),
+        "argument_bytes": int(inputs),
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+        "compile_s": seconds,
+    }
+
+
+def parameter_counts(model: ModelConfig, config: TrainConfig) -> dict:
+    """Trainable and base parameter counts of a run of `config` on `model`."""
+    _, params, frozen = policy_parts(model, config)
+    trained = sum(x.size for x in jax.tree.leaves(params))
+    if not config.lora.lora_rank:
+        return {"trainable": trained, "base": trained, "share": 1.0}
+    base = sum(x.size for x in jax.tree.leaves(frozen))
+    return {"trainable": trained, "base": base, "share": trained / base}
+
+
+def largest_batch(model, config, length: int, first: dict, rows: int) -> dict:
+    """The most rows (whole groups) at `length` whose compiled peak fits `BUDGET`."""
+    second = compiled_memory(model, config, 2 * rows, length)
+    per_row = (second["peak_bytes"] - first["peak_bytes"]) / rows
+    fixed = first["peak_bytes"] - per_row * rows
+    guess = int((BUDGET - fixed) // per_row) // GROUP * GROUP
+    checks = 2
+    while guess >= GROUP:
+        checks += 1
+        peak = compiled_memory(model, config, guess, length)["peak_bytes"]
+        if peak <= BUDGET:
+            return {"rows": guess, "length": length, "peak_bytes": peak, "compiles": checks}
+        guess -= GROUP
+    return {"rows": 0, "length": length, "peak_bytes": None, "compiles": checks}
+
+
+def random_batch(rows: int, length: int, completion: tuple[int, int], seed: int = 0) -> Batch:
+    """A GRPO batch of 16-token prompts and completions of `completion` tokens (low, high)."""
+    rng = np.random.default_rng(seed)
+    column = np.arange(length)
+    ends = 16 + rng.integers(*completion, rows)
+    prompt = column < 16
+    prompt = np.broadcast_to(prompt, (rows, length))
+    completion_mask = (column >= 16) & (column < ends[:, None])
+    tokens = np.where(column < ends[:, None], rng.integers(1, 1000, (rows, length)), 0)
+    return Batch(
+        jnp.asarray(tokens, jnp.int32),
+        jnp.asarray(prompt),
+        jnp.asarray(completion_mask),
+        jnp.where(completion_mask, -1.0, 0.0),
+        jnp.asarray(rng.random(rows), jnp.float32),
+        GROUP,
+    )
+
+
+def step_seconds(model, config: TrainConfig, batch: Batch, steps: int, pack: bool = False):
+    """Median seconds of `steps` update steps (after one that compiles), and the packing's fill."""
+    graphdef, params, frozen = policy_parts(model, config, shaped=False)
+    params_ref = jax.tree.map(jnp.zeros_like if config.lora.lora_rank else jnp.array, params)
+    ref = cast_floating(
+        params_ref, "float32" if config.lora.lora_rank else config.precision.param_dtype
+    )
+    opt_state = optimizer(config.optimizer).init(params)
+    update = make_update(update_spec(graphdef, config))
+    packing = plan(batch) if pack else None
+    times = []
+    for _ in range(steps + 1):
+        began = time.perf_counter()
+        params, opt_state, metrics = update(params, opt_state, frozen, ref, batch, packing)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - began)
+    fill = None
+    if packing is not None:
+        fill = float(
+            (np.asarray(packing.slots) >= 0).sum() / (packing.rows * batch.tokens.shape[1])
+        )
+    return float(np.median(times[1:])), times[0], fill
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=8, help="batch rows (a GRPO group of 8)")
+    parser.add_argument("--length", type=int, default=1024, help="tokens per row")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per setting")
+    args = parser.parse_args()
+    began = time.perf_counter()
+    models = {"SmolLM2-135M": smollm2_config(), "Qwen2.5-0.5B (random)": QWEN25_05B}
+    rows_out, params_out = [], []
+    for name, model in models.items():
+        for setting, options in SETTINGS.items():
+            config = TrainConfig().replace(**options)
+            first = compiled_memory(model, config, args.rows, args.length)
+            fits = largest_batch(model, config, args.length, first, args.rows)
+            row = {"model": name, "setting": setting, "B": args.rows, "T": args.length}
+            row.update(first)
+            row["largest_fitting_24GiB"] = fits
+            rows_out.append(row)
+            print(
+                f"{name:24s} {setting:52s} peak {first['peak_bytes'] / GiB:6.2f} GiB  "
+                f"inputs {first['argument_bytes'] / GiB:6.2f} GiB  "
+                f"fits {fits['rows']:4d} x {args.length}  ({first['compile_s']:.0f} s compile)",
+                flush=True,
+            )
+        for label, options in {
+            "LoRA r8, all seven projections": {"lora_rank": 8},
+            "LoRA r8, attention only": {"lora_rank": 8, "lora_modules": ATTENTION},
+        }.items():
+            counts = parameter_counts(model, TrainConfig().replace(**options))
+            params_out.append({"model": name, "setting": label, **counts})
+            print(
+                f"{name:24s} {label:52s} {counts['trainable']:,} of {counts['base']:,} "
+                f"({100 * counts['share']:.2f}%)"
+            )
+    smol = models["SmolLM2-135M"]
+    timing = []
+    small = random_batch(GROUP, 128, (48, 112))
+    for setting in ("full fine-tuning", "LoRA r8", "LoRA r8 + remat + logit chunk 256"):
+        config = TrainConfig().replace(**SETTINGS[setting])
+        seconds, first_s, _ = step_seconds(smol, config, small, args.steps)
+        timing.append(
+            {
+                "setting": setting,
+                "B": GROUP,
+                "T": 128,
+                "step_s": seconds,
+                "first_step_s": first_s,
+                "tokens_per_s": GROUP * 128 / seconds,
+            }
+        )
+        print(f"step time SmolLM2-135M {setting:40s} {seconds:.2f} s at {GROUP} x 128")
+    packing = []
+    short = random_batch(2 * GROUP, 256, (4, 33))
+    tokens = int(np.asarray(short.prompt_mask | short.completion_mask).sum())
+    for pack in (False, True):
+        config = TrainConfig().replace(lora_rank=8)
+        seconds, _, fill = step_seconds(smol, config, short, args.steps, pack=pack)
+        packing.append(
+            {
+                "pack": pack,
+                "B": 2 * GROUP,
+                "T": 256,
+                "step_s": seconds,
+                "chain_tokens": tokens,
+                "tokens_per_s": tokens / seconds,
+                "fill": fill,
+            }
+        )
+        print(f"packing {pack!s:5s}: {seconds:.2f} s per step, {tokens / seconds:,.0f} tokens/s")
+    results = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+        },
+        "budget_bytes": BUDGET,
+        "memory": rows_out,
+        "parameters": params_out,
+        "step_time": timing,
+        "packing": packing,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "wall_s": time.perf_counter() - began,
+    }
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {RESULTS} in {results['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
