@@ -6,30 +6,36 @@ Run by hand from the repository root (about ten minutes on a 2-core CPU):
 
 For SmolLM2-135M's configuration (read from the packaged GGUF's metadata) and a randomly
 initialised model with Qwen2.5-0.5B's (24 layers, hidden 896, 14 query / 2 key-value heads,
-intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO, its KL
-reference pass included, one optimizer step per rollout, one micro-batch) is compiled for the
-host and XLA's own buffer assignment read back (`compiled.memory_analysis()`); nothing that large
-runs. Per setting:
+intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO with its KL
+reference pass, one optimizer step per rollout, one micro-batch) is compiled for the host and
+XLA's own buffer assignment read back (`compiled.memory_analysis()`); nothing that large runs.
+Peak bytes are arguments + outputs - donated aliases + temporaries: the most the program holds.
 
-- peak bytes at B x T: arguments + outputs - donated aliases + temporaries (the most the program
-  holds at once), split into what it takes in (weights, optimizer state, reference, batch) and
-  what it allocates while running (activations, logits, gradients);
-- trainable parameters and their share of the base;
-- the largest batch at T that fits in 24 GiB: peak bytes are affine in B at fixed T (weights
-  fixed, activations per row), so two compiles give the line, and a third at its answer checks
-  it (stepping down a group at a time while it does not fit).
+Compiling a 24-layer update takes a minute here, so each setting is compiled at 2 and 3 layers
+and at 8 and 16 rows (length 1024): decoder layers are identical, and every buffer grows
+linearly in the rows at a fixed length, so the peak is `a + b L + c B + d L B` exactly, and the
+four compiles give it at the model's depth and at any batch (checked once against a compile of
+all 24 layers: within 0.2%). From it: the peak at 8 x 1024, and the most rows at 1024 tokens
+that fit in 24 GiB.
 
-Then, actually run: seconds per update step of SmolLM2-135M's size at a small batch per setting,
-and the trainer's tokens/s on short completions packed (`--pack`) against unpacked.
+The compiles run in a subprocess with XLA's memory-minimising scheduler
+(`--xla_cpu_enable_concurrency_optimized_scheduler=false`; the CPU default schedules for
+parallelism and keeps what remat would free) and LLVM's cheap optimisation level (which
+changes code, not buffers). Then a second subprocess, with XLA's defaults, runs update steps of
+SmolLM2-135M's size (random weights) at a small batch, and a LoRA update of its configuration
+cut to 6 layers on short completions, packed (`--pack`) and unpacked.
 
 Prints tables and writes `benchmarks/results/memory.json`.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
-import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +60,14 @@ RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
 GiB = 2**30
 BUDGET = 24 * GiB
 GROUP = 8
+LAYERS, ROWS = (2, 3), (8, 16)
+TIMED = (4, 128)
+"""Rows and length of the timed SmolLM2-size steps (a step of 135M parameters: seconds here)."""
+PACK_LAYERS = 6
+FLAGS = (
+    "--xla_cpu_enable_concurrency_optimized_scheduler=false "
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+)
 
 QWEN25_05B = ModelConfig(
     vocab_size=151_936,
@@ -75,12 +89,6 @@ SETTINGS = {
     "full fine-tuning": {},
     "LoRA r8": {"lora_rank": 8},
     "LoRA r8 + remat + logit chunk 256": {"lora_rank": 8, "remat": True, "logit_chunk": 256},
-    "LoRA r8 + remat + chunk + bf16 params": {
-        "lora_rank": 8,
-        "remat": True,
-        "logit_chunk": 256,
-        "param_dtype": "bfloat16",
-    },
     "LoRA r8 + remat + chunk + bf16 params and compute": {
         "lora_rank": 8,
         "remat": True,
@@ -187,23 +195,37 @@ def parameter_counts(model: ModelConfig, config: TrainConfig) -> dict:
     return {"trainable": trained, "base": base, "share": trained / base}
 
 
-def largest_batch(model, config, length: int, first: dict, rows: int) -> dict:
-    """The most rows (whole groups) at `length` whose compiled peak fits `BUDGET`."""
-    second = compiled_memory(model, config, 2 * rows, length)
-    per_row = (second["peak_bytes"] - first["peak_bytes"]) / rows
-    fixed = first["peak_bytes"] - per_row * rows
-    guess = int((BUDGET - fixed) // per_row) // GROUP * GROUP
-    checks = 2
-    while guess >= GROUP:
-        checks += 1
-        peak = compiled_memory(model, config, guess, length)["peak_bytes"]
-        if peak <= BUDGET:
-            return {"rows": guess, "length": length, "peak_bytes": peak, "compiles": checks}
-        guess -= GROUP
-    return {"rows": 0, "length": length, "peak_bytes": None, "compiles": checks}
+def peak_model(model: ModelConfig, config: TrainConfig, length: int) -> dict:
+    """`a + b L + c B + d L B` fitted to four compiles at 2 and 3 layers, 8 and 16 rows."""
+    peaks = {}
+    for layers in LAYERS:
+        shallow = dataclasses.replace(model, num_hidden_layers=layers)
+        for rows in ROWS:
+            peaks[layers, rows] = compiled_memory(shallow, config, rows, length)["peak_bytes"]
+    (l0, l1), (b0, b1) = LAYERS, ROWS
+    per_layer_row = (peaks[l1, b1] - peaks[l1, b0] - peaks[l0, b1] + peaks[l0, b0]) / (
+        (l1 - l0) * (b1 - b0)
+    )
+    per_row = (peaks[l0, b1] - peaks[l0, b0]) / (b1 - b0) - per_layer_row * l0
+    per_layer = (peaks[l1, b0] - peaks[l0, b0]) / (l1 - l0) - per_layer_row * b0
+    fixed = peaks[l0, b0] - per_layer * l0 - per_row * b0 - per_layer_row * l0 * b0
+    return {"a": fixed, "b": per_layer, "c": per_row, "d": per_layer_row}
 
 
-def random_batch(rows: int, length: int, completion: tuple[int, int], seed: int = 0) -> Batch:
+def predicted_peak(fit: dict, layers: int, rows: float) -> float:
+    """The fitted peak bytes at `layers` and `rows`."""
+    return fit["a"] + fit["b"] * layers + (fit["c"] + fit["d"] * layers) * rows
+
+
+def largest_rows(fit: dict, layers: int) -> int:
+    """The most rows whose fitted peak fits `BUDGET` (0 when not even one does)."""
+    fixed = fit["a"] + fit["b"] * layers
+    return max(int((BUDGET - fixed) // (fit["c"] + fit["d"] * layers)), 0)
+
+
+def random_batch(
+    rows: int, length: int, completion: tuple[int, int], seed: int = 0, group: int = GROUP
+) -> Batch:
     """A GRPO batch of 16-token prompts and completions of `completion` tokens (low, high)."""
     rng = np.random.default_rng(seed)
     column = np.arange(length)
@@ -218,7 +240,7 @@ def random_batch(rows: int, length: int, completion: tuple[int, int], seed: int 
         jnp.asarray(completion_mask),
         jnp.where(completion_mask, -1.0, 0.0),
         jnp.asarray(rng.random(rows), jnp.float32),
-        GROUP,
+        group,
     )
 
 
@@ -246,28 +268,33 @@ def step_seconds(model, config: TrainConfig, batch: Batch, steps: int, pack: boo
     return float(np.median(times[1:])), times[0], fill
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=8, help="batch rows (a GRPO group of 8)")
-    parser.add_argument("--length", type=int, default=1024, help="tokens per row")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per setting")
-    args = parser.parse_args()
-    began = time.perf_counter()
+def memory_part(length: int) -> dict:
+    """The compiled memory and parameter counts of every model and setting."""
     models = {"SmolLM2-135M": smollm2_config(), "Qwen2.5-0.5B (random)": QWEN25_05B}
     rows_out, params_out = [], []
     for name, model in models.items():
+        layers = model.num_hidden_layers
         for setting, options in SETTINGS.items():
-            config = TrainConfig().replace(**options)
-            first = compiled_memory(model, config, args.rows, args.length)
-            fits = largest_batch(model, config, args.length, first, args.rows)
-            row = {"model": name, "setting": setting, "B": args.rows, "T": args.length}
-            row.update(first)
-            row["largest_fitting_24GiB"] = fits
+            began = time.perf_counter()
+            fit = peak_model(model, TrainConfig().replace(**options), length)
+            row = {
+                "model": name,
+                "setting": setting,
+                "layers": layers,
+                "T": length,
+                "peak_bytes_8_rows": predicted_peak(fit, layers, 8),
+                "fixed_bytes": fit["a"] + fit["b"] * layers,
+                "bytes_per_row": fit["c"] + fit["d"] * layers,
+                "largest_rows_24GiB": largest_rows(fit, layers),
+                "fit": fit,
+                "compile_s": time.perf_counter() - began,
+            }
             rows_out.append(row)
             print(
-                f"{name:24s} {setting:52s} peak {first['peak_bytes'] / GiB:6.2f} GiB  "
-                f"inputs {first['argument_bytes'] / GiB:6.2f} GiB  "
-                f"fits {fits['rows']:4d} x {args.length}  ({first['compile_s']:.0f} s compile)",
+                f"{name:22s} {setting:50s} 8 x {length}: "
+                f"{row['peak_bytes_8_rows'] / GiB:6.2f} GiB (fixed "
+                f"{row['fixed_bytes'] / GiB:5.2f}, per row {row['bytes_per_row'] / GiB:5.3f}); "
+                f"fits {row['largest_rows_24GiB']} rows",
                 flush=True,
             )
         for label, options in {
@@ -277,44 +304,77 @@ def main() -> None:
             counts = parameter_counts(model, TrainConfig().replace(**options))
             params_out.append({"model": name, "setting": label, **counts})
             print(
-                f"{name:24s} {label:52s} {counts['trainable']:,} of {counts['base']:,} "
-                f"({100 * counts['share']:.2f}%)"
+                f"{name:22s} {label:50s} {counts['trainable']:,} of {counts['base']:,} "
+                f"({100 * counts['share']:.2f}%)",
+                flush=True,
             )
-    smol = models["SmolLM2-135M"]
+    return {"memory": rows_out, "parameters": params_out}
+
+
+def timing_part(steps: int) -> dict:
+    """Seconds per update step of SmolLM2-135M's size, and packed against unpacked tokens/s.
+
+    The packing comparison runs on the same configuration cut to `PACK_LAYERS` layers, so the
+    unpacked step (mostly padding) stays short on a CPU.
+    """
+    smol = smollm2_config()
     timing = []
-    small = random_batch(GROUP, 128, (48, 112))
-    for setting in ("full fine-tuning", "LoRA r8", "LoRA r8 + remat + logit chunk 256"):
+    rows, length = TIMED
+    small = random_batch(rows, length, (48, 112), group=rows)
+    for setting in ("full fine-tuning", "LoRA r8 + remat + logit chunk 256"):
         config = TrainConfig().replace(**SETTINGS[setting])
-        seconds, first_s, _ = step_seconds(smol, config, small, args.steps)
+        seconds, first_s, _ = step_seconds(smol, config, small, steps)
         timing.append(
-            {
-                "setting": setting,
-                "B": GROUP,
-                "T": 128,
-                "step_s": seconds,
-                "first_step_s": first_s,
-                "tokens_per_s": GROUP * 128 / seconds,
-            }
+            {"setting": setting, "B": rows, "T": length, "step_s": seconds, "first_step_s": first_s}
         )
-        print(f"step time SmolLM2-135M {setting:40s} {seconds:.2f} s at {GROUP} x 128")
+        print(f"SmolLM2-135M {setting:40s} {seconds:.2f} s per step at {rows} x {length}")
     packing = []
     short = random_batch(2 * GROUP, 256, (4, 33))
     tokens = int(np.asarray(short.prompt_mask | short.completion_mask).sum())
+    shallow = dataclasses.replace(smol, num_hidden_layers=PACK_LAYERS)
     for pack in (False, True):
         config = TrainConfig().replace(lora_rank=8)
-        seconds, _, fill = step_seconds(smol, config, short, args.steps, pack=pack)
+        seconds, _, fill = step_seconds(shallow, config, short, steps, pack=pack)
         packing.append(
             {
                 "pack": pack,
+                "layers": PACK_LAYERS,
                 "B": 2 * GROUP,
                 "T": 256,
                 "step_s": seconds,
                 "chain_tokens": tokens,
                 "tokens_per_s": tokens / seconds,
-                "fill": fill,
+                "fill": fill if pack else tokens / short.tokens.size,
             }
         )
-        print(f"packing {pack!s:5s}: {seconds:.2f} s per step, {tokens / seconds:,.0f} tokens/s")
+        print(f"packed {pack!s:5s}: {seconds:.2f} s per step, {tokens / seconds:,.0f} tokens/s")
+    return {"step_time": timing, "packing": packing}
+
+
+def run_part(part: str, argv: list[str], flags: str | None) -> dict:
+    """`part` of the benchmark in a fresh subprocess (its own XLA flags); its JSON."""
+    env = dict(os.environ)
+    if flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
+    out = Path(tempfile.mkdtemp()) / f"{part}.json"
+    command = [sys.executable, __file__, "--part", part, "--part-out", str(out), *argv]
+    subprocess.run(command, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=1024, help="tokens per row")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per setting")
+    parser.add_argument("--part", choices=("memory", "timing"), help=argparse.SUPPRESS)
+    parser.add_argument("--part-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.part:
+        result = memory_part(args.length) if args.part == "memory" else timing_part(args.steps)
+        Path(args.part_out).write_text(json.dumps(result))
+        return
+    began = time.perf_counter()
+    argv = ["--length", str(args.length), "--steps", str(args.steps)]
     results = {
         "machine": {
             "platform": platform.platform(),
@@ -323,13 +383,11 @@ def main() -> None:
             "backend": jax.default_backend(),
         },
         "budget_bytes": BUDGET,
-        "memory": rows_out,
-        "parameters": params_out,
-        "step_time": timing,
-        "packing": packing,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "wall_s": time.perf_counter() - began,
+        "compile_flags": FLAGS,
+        **run_part("memory", argv, FLAGS),
+        **run_part("timing", argv, None),
     }
+    results["wall_s"] = time.perf_counter() - began
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS} in {results['wall_s']:.0f} s")
 
