@@ -193,7 +193,8 @@ def memory_steps_table() -> str:
     ]
     rows += [
         [
-            f"LoRA r8, short completions, {'packed' if row['pack'] else 'unpacked'}",
+            f"LoRA r8, {row['layers']} layers, short chains, "
+            + ("packed" if row["pack"] else "unpacked"),
             f"{row['B']} x {row['T']}",
             f"{row['step_s']:.2f}",
             f"{row['tokens_per_s']:,.0f} tokens/s, fill {row['fill']:.2f}",
