@@ -4,7 +4,7 @@ Run by hand from the repository root (about ten minutes on a 2-core CPU):
 
     uv run python benchmarks/memory.py
 
-For SmolLM2-135M's configuration (read from the packaged GGUF's metadata) and a randomly
+For SmolLM2-135M's configuration (as `dew.hf` reads the packaged GGUF's metadata) and a randomly
 initialised model with Qwen2.5-0.5B's (24 layers, hidden 896, 14 query / 2 key-value heads,
 intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO with its KL
 reference pass, one optimizer step per rollout, one micro-batch) is compiled for the host and
@@ -22,8 +22,8 @@ The compiles run in a subprocess with XLA's memory-minimising scheduler
 (`--xla_cpu_enable_concurrency_optimized_scheduler=false`; the CPU default schedules for
 parallelism and keeps what remat would free) and LLVM's cheap optimisation level (which
 changes code, not buffers). Then a second subprocess, with XLA's defaults, runs update steps of
-SmolLM2-135M's size (random weights) at a small batch, and a LoRA update of its configuration
-cut to 6 layers on short completions, packed (`--pack`) and unpacked.
+SmolLM2-135M's size (random weights) at a small batch, and the trainer's update phase on short
+completions in long rows, packed (`--pack`) and unpacked.
 
 Prints tables and writes `benchmarks/results/memory.json`.
 """
@@ -44,15 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dew._gguf import gguf_config, read_gguf
 from dew.batch import Batch
 from dew.models.llama import ModelConfig, abstract, build
 from dew.models.lora import add_lora, trainable
-from dew.models.registry import resolve_model
+from dew.models.registry import SIZES
 from dew.objective import load_objective
-from dew.train._packing import plan
-from dew.train._precision import cast_floating
 from dew.train.config import TrainConfig
+from dew.train.trainer import Trainer
 from dew.train.update import UpdateSpec, make_update, optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,11 +61,27 @@ GROUP = 8
 LAYERS, ROWS = (2, 3), (8, 16)
 TIMED = (4, 128)
 """Rows and length of the timed SmolLM2-size steps (a step of 135M parameters: seconds here)."""
-PACK_LAYERS = 6
+PACKED = (64, 512)
+"""Rows and length of the packing comparison: short chains in long rows."""
 FLAGS = (
     "--xla_cpu_enable_concurrency_optimized_scheduler=false "
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 )
+
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49_152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rope_theta=100_000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+"""SmolLM2-135M-Instruct's configuration, as `dew.hf.load_policy` reads the packaged GGUF's."""
 
 QWEN25_05B = ModelConfig(
     vocab_size=151_936,
@@ -100,9 +114,10 @@ SETTINGS = {
 """Each setting's options, by their flag names; the LoRA modules are the default seven."""
 
 
-def smollm2_config() -> ModelConfig:
-    """SmolLM2-135M-Instruct's configuration, from the packaged GGUF file's metadata."""
-    return gguf_config(read_gguf(resolve_model("smollm2").path))
+def as_dtype(tree, dtype: str):
+    """`tree` with every floating-point array cast to `dtype`."""
+    floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+    return jax.tree.map(lambda x: x.astype(dtype) if floating(x) else x, tree)
 
 
 def shapes(tree):
@@ -130,8 +145,8 @@ def policy_parts(model: ModelConfig, config: TrainConfig, shaped: bool = True):
         return graphdef, params, frozen
     return (
         graphdef,
-        cast_floating(params, "float32"),
-        cast_floating(frozen, config.precision.param_dtype),
+        as_dtype(params, "float32"),
+        as_dtype(frozen, config.precision.param_dtype),
     )
 
 
@@ -224,7 +239,12 @@ def largest_rows(fit: dict, layers: int) -> int:
 
 
 def random_batch(
-    rows: int, length: int, completion: tuple[int, int], seed: int = 0, group: int = GROUP
+    rows: int,
+    length: int,
+    completion: tuple[int, int],
+    seed: int = 0,
+    group: int = GROUP,
+    vocab: int = 1000,
 ) -> Batch:
     """A GRPO batch of 16-token prompts and completions of `completion` tokens (low, high)."""
     rng = np.random.default_rng(seed)
@@ -233,7 +253,7 @@ def random_batch(
     prompt = column < 16
     prompt = np.broadcast_to(prompt, (rows, length))
     completion_mask = (column >= 16) & (column < ends[:, None])
-    tokens = np.where(column < ends[:, None], rng.integers(1, 1000, (rows, length)), 0)
+    tokens = np.where(column < ends[:, None], rng.integers(1, vocab, (rows, length)), 0)
     return Batch(
         jnp.asarray(tokens, jnp.int32),
         jnp.asarray(prompt),
@@ -244,33 +264,52 @@ def random_batch(
     )
 
 
-def step_seconds(model, config: TrainConfig, batch: Batch, steps: int, pack: bool = False):
-    """Median seconds of `steps` update steps (after one that compiles), and the packing's fill."""
+def step_seconds(model, config: TrainConfig, batch: Batch, steps: int) -> tuple[float, float]:
+    """Median seconds of `steps` update steps, and the first step's (which compiles)."""
     graphdef, params, frozen = policy_parts(model, config, shaped=False)
-    params_ref = jax.tree.map(jnp.zeros_like if config.lora.lora_rank else jnp.array, params)
-    ref = cast_floating(
-        params_ref, "float32" if config.lora.lora_rank else config.precision.param_dtype
+    lora = bool(config.lora.lora_rank)
+    ref = as_dtype(
+        jax.tree.map(jnp.zeros_like if lora else jnp.array, params),
+        "float32" if lora else config.precision.param_dtype,
     )
     opt_state = optimizer(config.optimizer).init(params)
     update = make_update(update_spec(graphdef, config))
-    packing = plan(batch) if pack else None
     times = []
     for _ in range(steps + 1):
         began = time.perf_counter()
-        params, opt_state, metrics = update(params, opt_state, frozen, ref, batch, packing)
+        params, opt_state, metrics = update(params, opt_state, frozen, ref, batch)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - began)
-    fill = None
-    if packing is not None:
-        fill = float(
-            (np.asarray(packing.slots) >= 0).sum() / (packing.rows * batch.tokens.shape[1])
+    return float(np.median(times[1:])), times[0]
+
+
+def packed_step_seconds(batch: Batch, pack: bool, steps: int) -> tuple[float, float]:
+    """Median seconds of the trainer's update phase on `batch` (`--model small`), and the fill.
+
+    The fill is `pack_fill` when packed, else the share of the batch's positions in a chain.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        config = TrainConfig(model="small").replace(
+            prompts=batch.size // batch.group,
+            group=batch.group,
+            updates_per_rollout=1,
+            pack=pack,
+            out=str(Path(folder) / "run"),
         )
-    return float(np.median(times[1:])), times[0], fill
+        trainer = Trainer(config, quiet=True)
+        times, metrics = [], {}
+        for _ in range(steps + 1):
+            began = time.perf_counter()
+            metrics = trainer.update_phase(batch)
+            times.append(time.perf_counter() - began)
+        trainer.lock.release()
+    used = np.asarray(batch.prompt_mask | batch.completion_mask).mean()
+    return float(np.median(times[1:])), metrics.get("pack_fill", float(used))
 
 
 def memory_part(length: int) -> dict:
     """The compiled memory and parameter counts of every model and setting."""
-    models = {"SmolLM2-135M": smollm2_config(), "Qwen2.5-0.5B (random)": QWEN25_05B}
+    models = {"SmolLM2-135M": SMOLLM2_135M, "Qwen2.5-0.5B (random)": QWEN25_05B}
     rows_out, params_out = [], []
     for name, model in models.items():
         layers = model.num_hidden_layers
@@ -314,40 +353,39 @@ def memory_part(length: int) -> dict:
 def timing_part(steps: int) -> dict:
     """Seconds per update step of SmolLM2-135M's size, and packed against unpacked tokens/s.
 
-    The packing comparison runs on the same configuration cut to `PACK_LAYERS` layers, so the
-    unpacked step (mostly padding) stays short on a CPU.
+    The packing comparison runs the trainer's update phase (GRPO, LoRA off) of the built-in
+    `small` model on `PACKED` rows of 16-token prompts and 4 to 32 completion tokens.
     """
-    smol = smollm2_config()
+    smol = SMOLLM2_135M
     timing = []
     rows, length = TIMED
     small = random_batch(rows, length, (48, 112), group=rows)
     for setting in ("full fine-tuning", "LoRA r8 + remat + logit chunk 256"):
         config = TrainConfig().replace(**SETTINGS[setting])
-        seconds, first_s, _ = step_seconds(smol, config, small, steps)
+        seconds, first_s = step_seconds(smol, config, small, steps)
         timing.append(
             {"setting": setting, "B": rows, "T": length, "step_s": seconds, "first_step_s": first_s}
         )
         print(f"SmolLM2-135M {setting:40s} {seconds:.2f} s per step at {rows} x {length}")
     packing = []
-    short = random_batch(2 * GROUP, 256, (4, 33))
+    rows, length = PACKED
+    short = random_batch(rows, length, (4, 33), vocab=SIZES["small"].vocab_size)
     tokens = int(np.asarray(short.prompt_mask | short.completion_mask).sum())
-    shallow = dataclasses.replace(smol, num_hidden_layers=PACK_LAYERS)
     for pack in (False, True):
-        config = TrainConfig().replace(lora_rank=8)
-        seconds, _, fill = step_seconds(shallow, config, short, steps, pack=pack)
+        seconds, fill = packed_step_seconds(short, pack, steps)
         packing.append(
             {
                 "pack": pack,
-                "layers": PACK_LAYERS,
-                "B": 2 * GROUP,
-                "T": 256,
+                "model": "small",
+                "B": rows,
+                "T": length,
                 "step_s": seconds,
                 "chain_tokens": tokens,
                 "tokens_per_s": tokens / seconds,
-                "fill": fill if pack else tokens / short.tokens.size,
+                "fill": fill,
             }
         )
-        print(f"packed {pack!s:5s}: {seconds:.2f} s per step, {tokens / seconds:,.0f} tokens/s")
+        print(f"packed {pack!s:5s}: {seconds:.3f} s per step, {tokens / seconds:,.0f} tokens/s")
     return {"step_time": timing, "packing": packing}
 
 

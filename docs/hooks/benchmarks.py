@@ -193,7 +193,7 @@ def memory_steps_table() -> str:
     ]
     rows += [
         [
-            f"LoRA r8, {row['layers']} layers, short chains, "
+            f"trainer's update, `--model {row['model']}`, short chains, "
             + ("packed" if row["pack"] else "unpacked"),
             f"{row['B']} x {row['T']}",
             f"{row['step_s']:.2f}",
