@@ -96,8 +96,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.train.checkpoint": {"Checkpoints"},
     "dew.train.config": {
         "CHECKPOINT_DEFAULTS", "EvalOptions", "LoRAOptions", "MemoryOptions", "MeshOptions",
-        "OptimizerOptions", "PromptOptions", "RolloutOptions", "RunOptions", "UpdateOptions",
-        "validate",
+        "OptimizerOptions", "PrecisionOptions", "PromptOptions", "RolloutOptions", "RunOptions",
+        "UpdateOptions", "validate",
     },
     "dew.train.plot": {"plot_run"},
     "dew.train.runlog": {"CONFIG", "METRICS", "read_config", "read_metrics"},

@@ -2,7 +2,8 @@
 
 A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
 `<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
-`<!-- bench: smollm2_arithmetic -->` or `<!-- bench: processes -->`; the hook replaces each with a
+`<!-- bench: smollm2_arithmetic -->`, `<!-- bench: processes -->`, `<!-- bench: memory -->`,
+`<!-- bench: lora_params -->` or `<!-- bench: memory_steps -->`; the hook replaces each with a
 table of the numbers the scripts last wrote, so the page shows what was measured, not what
 someone typed. The prose around the tables quotes the same files.
 """
@@ -163,6 +164,64 @@ def processes_table() -> str:
     return markdown_table(header, rows)
 
 
+def memory_table() -> str:
+    """Each model and setting's compiled peak at 8 rows and the most rows that fit 24 GiB."""
+    results = load("memory")
+    gib = 2**30
+    rows = [
+        [
+            row["model"],
+            row["setting"],
+            f"{row['peak_bytes_8_rows'] / gib:.2f}",
+            f"{row['largest_rows_24GiB']}",
+        ]
+        for row in results["memory"]
+    ]
+    length = results["memory"][0]["T"]
+    header = [
+        "model",
+        "setting",
+        f"peak GiB, 8 x {length}",
+        f"rows x {length} in 24 GiB",
+    ]
+    return markdown_table(header, rows)
+
+
+def lora_params_table() -> str:
+    """Trainable LoRA parameters and their share of the base, per model and target set."""
+    rows = [
+        [
+            row["model"],
+            row["setting"],
+            f"{row['trainable']:,}",
+            f"{row['base']:,}",
+            f"{100 * row['share']:.2f}%",
+        ]
+        for row in load("memory")["parameters"]
+    ]
+    return markdown_table(["model", "adapters", "trainable", "base", "share"], rows)
+
+
+def memory_steps_table() -> str:
+    """Seconds per update step of SmolLM2-135M's size, and packed against unpacked."""
+    results = load("memory")
+    rows = [
+        [row["setting"], f"{row['B']} x {row['T']}", f"{row['step_s']:.2f}", ""]
+        for row in results["step_time"]
+    ]
+    rows += [
+        [
+            f"trainer's update, `--model {row['model']}`, short chains, "
+            + ("packed" if row["pack"] else "unpacked"),
+            f"{row['B']} x {row['T']}",
+            f"{row['step_s']:.2f}",
+            f"{row['tokens_per_s']:,.0f} tokens/s, fill {row['fill']:.2f}",
+        ]
+        for row in results["packing"]
+    ]
+    return markdown_table(["update step", "B x T", "seconds", ""], rows)
+
+
 def machine_table() -> str:
     """Where each script last ran, as the scripts recorded it."""
     math, train = load("rl_math")["machine"], load("train")["machine"]
@@ -210,6 +269,12 @@ def expand(match: re.Match) -> str:
         return models_table()
     if table == "processes":
         return processes_table()
+    if table == "memory":
+        return memory_table()
+    if table == "lora_params":
+        return lora_params_table()
+    if table == "memory_steps":
+        return memory_steps_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
 
 

@@ -187,6 +187,8 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
     `config.json`, `generation_config.json`, and the weights as `model.safetensors`, or, above
     `shard_bytes`, as `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
     Tied embeddings are written once. A value head is not part of the format and is left out.
+    `config.json` records the dtype the embeddings are stored in (a bfloat16 base with float32
+    adapters merges into bfloat16 weights).
 
     Examples:
       >>> import tempfile
@@ -200,9 +202,10 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
     """
     folder = Path(path)
     policy = merge_lora(policy)
-    config = policy.config
-    raw = config_to_hf(config)
     params = nnx.state(policy, nnx.Param)
+    stored = params["embed_tokens"]["embedding"].get_value().dtype
+    config = dataclasses.replace(policy.config, dtype=jnp.dtype(stored).name)
+    raw = config_to_hf(config)
     tensors = {}
     for names, variable in nnx.to_flat_state(params):
         name = ".".join(map(str, names))

@@ -17,6 +17,7 @@ from dew.models.lora import add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.rollout import Prompter, rollout
 from dew.tasks import Task
+from dew.train._precision import cast_floating
 from dew.train.checkpoint import Checkpoints
 from dew.train.config import TrainConfig, _make_prompter, _resolve_task
 from dew.train.runlog import read_config
@@ -99,19 +100,21 @@ def _policy_parts(config: dict[str, Any], source: ModelSource):
     """A recorded run's policy as `(graphdef, trained params, frozen params)`, untrained.
 
     A LoRA run's checkpoint holds its adapters alone: its base comes from `--model` and the
-    run's seed again, with fresh adapters for the checkpoint's to replace.
+    run's seed again, stored in the run's `--param-dtype`, with fresh adapters for the
+    checkpoint's to replace.
     """
     model_config = ModelConfig(**config["model_config"])
     recorded = TrainConfig.from_record(config)
     lora = recorded.lora
     if not lora.lora_rank:
         graphdef, params = nnx.split(build(model_config, 0))
-        return graphdef, nnx.to_pure_dict(params), {}
+        return graphdef, cast_floating(nnx.to_pure_dict(params), "float32"), {}
     seed = recorded.run.seed
     policy = source.policy(seed, value_head=model_config.value_head)
     policy = add_lora(policy, lora.lora_rank, lora.lora_alpha, lora.modules, seed)
     graphdef, params, frozen = nnx.split(policy, trainable, ...)
-    return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
+    frozen = cast_floating(nnx.to_pure_dict(frozen), recorded.precision.param_dtype)
+    return graphdef, cast_floating(nnx.to_pure_dict(params), "float32"), frozen
 
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Run:

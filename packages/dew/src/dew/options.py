@@ -117,7 +117,8 @@ def check_options(options) -> None:
     """Raise `ConfigError` naming the first field of dataclass `options` outside its range.
 
     A field declared with `option(default, Range)` must be a number (a whole one when annotated
-    `int`) inside its range; None passes where the field allows it.
+    `int`) inside its range; None passes where the field allows it. A field annotated
+    `typing.Literal[...]` must be one of its values.
 
     Examples:
       >>> @dataclasses.dataclass(frozen=True)
@@ -131,11 +132,14 @@ def check_options(options) -> None:
     """
     hints = typing.get_type_hints(type(options))
     for field in dataclasses.fields(options):
+        value = getattr(options, field.name)
+        flag = flag_of(field)
+        if typing.get_origin(hints[field.name]) is typing.Literal:
+            _check_choice(flag, value, typing.get_args(hints[field.name]))
+            continue
         valid = field.metadata.get("range")
         if valid is None:
             continue
-        value = getattr(options, field.name)
-        flag = flag_of(field)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -143,3 +147,17 @@ def check_options(options) -> None:
         if hints[field.name] in (int, int | None) and not isinstance(value, int):
             raise ConfigError(f"{flag} must be a whole number, got {value}")
         valid.check(flag, value)
+
+
+def _check_choice(flag: str, value, choices: tuple) -> None:
+    """Raise `ConfigError` naming `flag` unless `value` is one of `choices`.
+
+    Examples:
+      >>> _check_choice("--param-dtype", "float16", ("float32", "bfloat16"))
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --param-dtype must be one of float32, bfloat16; got 'float16'
+    """
+    if value not in choices:
+        listed = ", ".join(str(choice) for choice in choices)
+        raise ConfigError(f"{flag} must be one of {listed}; got {value!r}")

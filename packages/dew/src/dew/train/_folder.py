@@ -33,6 +33,7 @@ MAY_CHANGE_ON_RESUME = (
     "checkpoint_every",
     "logit_chunk",
     "remat",
+    "pack",
     "eval_every",
     "eval_prompts",
     "eval_k",
@@ -40,9 +41,9 @@ MAY_CHANGE_ON_RESUME = (
 )
 """The options a resumed run may change; every other one defines the run.
 
-`--logit-chunk` and `--remat` change what the update keeps in memory, not what it computes (up to
-float summation order), so a run that ran out of memory can resume with them; the evaluation and
-sample options change what is written beside the run, not the run."""
+`--logit-chunk`, `--remat` and `--pack` change what the update keeps in memory, not what it
+computes (up to float summation order), so a run that ran out of memory can resume with them; the
+evaluation and sample options change what is written beside the run, not the run."""
 _NOT_OPTIONS = ("out", "resume")
 
 

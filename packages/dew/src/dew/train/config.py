@@ -9,7 +9,7 @@ function compiled, so a bad option costs nothing but its one-line message.
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jax
 
@@ -38,6 +38,7 @@ __all__ = [
     "MemoryOptions",
     "MeshOptions",
     "OptimizerOptions",
+    "PrecisionOptions",
     "PromptOptions",
     "RolloutOptions",
     "RunOptions",
@@ -191,10 +192,31 @@ class MemoryOptions:
         float32 [B, T, V] logits (0: all positions at once).
       remat: recompute each decoder layer's activations in the backward pass instead of
         keeping them.
+      pack: run the policy on the sampled chains (prompt + completion) packed end to end into
+        as few rows as hold them, segment ids keeping them apart, instead of one padded row
+        each; the loss sees them unpacked.
     """
 
     logit_chunk: int = option(0, NON_NEGATIVE)
     remat: bool = False
+    pack: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionOptions:
+    """The dtypes weights are stored and computed in.
+
+    Attributes:
+      param_dtype: float32 or bfloat16: the dtype of the weights the optimizer never updates (a
+        LoRA run's base, a copied KL reference); trained weights and their optimizer state stay
+        float32 master copies.
+      compute_dtype: float32 or bfloat16: the dtype of the update's forward and backward passes
+        (every weight cast to it there; the gradient reaches the float32 masters); log-softmax
+        and the losses stay float32.
+    """
+
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 _SECTIONS = {
@@ -206,6 +228,7 @@ _SECTIONS = {
     "mesh": MeshOptions,
     "lora": LoRAOptions,
     "memory": MemoryOptions,
+    "precision": PrecisionOptions,
     "evaluation": EvalOptions,
 }
 
@@ -231,6 +254,7 @@ class TrainConfig:
       mesh: devices and parameter layout.
       lora: low-rank adapters (off by default).
       memory: memory-saving forms of the update.
+      precision: the dtypes weights are stored and computed in.
       evaluation: held-out evaluation and samples.
       objective_options: the objective's hyperparameters (its dataclass fields).
       task_options: the task's constructor arguments (`min_len`, `max_len` for the digit tasks).
@@ -259,6 +283,7 @@ class TrainConfig:
     mesh: MeshOptions = MeshOptions()
     lora: LoRAOptions = LoRAOptions()
     memory: MemoryOptions = MemoryOptions()
+    precision: PrecisionOptions = PrecisionOptions()
     evaluation: EvalOptions = EvalOptions()
     objective_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)

@@ -30,7 +30,9 @@ from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
 from dew.rollout import Prompter, Prompts, Rollout, StepRollout, rollout
 from dew.tasks import Task
+from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
+from dew.train._precision import cast_floating
 from dew.train.callbacks import (
     Callback,
     Checkpointing,
@@ -192,8 +194,9 @@ class Trainer:
         """Split the policy and lay it out, with the optimizer and reference, on the mesh.
 
         `params` are what the optimizer trains: every parameter, or with `--lora-rank` the
-        adapters (and a value head); `frozen` holds the rest, the base weights, read but never
-        copied. A LoRA run's reference is its own base with the adapters at zero.
+        adapters (and a value head), in float32; `frozen` holds the rest, the base weights, read
+        but never copied, in `--param-dtype`, as is a copied reference. A LoRA run's reference is
+        its own base with the adapters at zero.
         """
         config = self.config
         self.mesh = make_mesh(config.mesh.devices)
@@ -206,8 +209,9 @@ class Trainer:
             )
         trained = trainable if self.lora else nnx.Param
         self.graphdef, params, frozen = nnx.split(policy, trained, ...)
-        fsdp = config.mesh.fsdp
-        params, frozen = nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
+        fsdp, stored = config.mesh.fsdp, config.precision.param_dtype
+        params = cast_floating(nnx.to_pure_dict(params), "float32")
+        frozen = cast_floating(nnx.to_pure_dict(frozen), stored)
         self.params = jax.device_put(params, param_shardings(params, self.mesh, fsdp))
         self.frozen = jax.device_put(frozen, param_shardings(frozen, self.mesh, fsdp))
         opt_state = optimizer(config.optimizer).init(self.params)
@@ -217,7 +221,7 @@ class Trainer:
             self.ref_params = (
                 _adapters_off(self.params)
                 if self.lora
-                else jax.tree.map(lambda x: x.copy(), self.params)
+                else cast_floating(jax.tree.map(lambda x: x.copy(), self.params), stored)
             )
         spec = UpdateSpec(
             self.graphdef,
@@ -227,6 +231,7 @@ class Trainer:
             self.mesh,
             fsdp,
             config.memory,
+            config.precision.compute_dtype,
         )
         self.update_fn = _compiled_update(spec)
 
@@ -310,11 +315,17 @@ class Trainer:
         )
 
     def update_phase(self, batch: Batch) -> dict[str, float]:
-        """The compiled update on `batch`; its metrics on the host."""
+        """The compiled update on `batch` (packed under `--pack`); its metrics on the host."""
+        packing, packed = None, {}
+        if self.config.memory.pack:
+            micro_batches = self.config.update.micro_batches
+            packing = _packing.plan(batch, micro_batches, self.mesh.size)
+            packed = {"pack_fill": _packing.fill(packing, micro_batches)}
+            packing = jax.device_put(packing, self.rows)
         self.params, self.opt_state, metrics = self.update_fn(
-            self.params, self.opt_state, self.frozen, self.ref_params, batch
+            self.params, self.opt_state, self.frozen, self.ref_params, batch, packing
         )
-        return {k: v.item() for k, v in to_host(metrics).items()}
+        return {**{k: v.item() for k, v in to_host(metrics).items()}, **packed}
 
     def evaluate_phase(self, step: int) -> dict[str, float]:
         """The held-out evaluation every `--eval-every` steps and at the last; else nothing."""

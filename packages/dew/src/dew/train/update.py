@@ -28,6 +28,8 @@ from dew.batch import Batch
 from dew.mesh import param_shardings, replicated
 from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
+from dew.train._packing import Packing, packed_outputs, whole_batch
+from dew.train._precision import cast_floating
 from dew.train.config import MemoryOptions, OptimizerOptions, UpdateOptions
 
 __all__ = [
@@ -84,12 +86,17 @@ def _split_micro_batches(batch: Batch, count: int) -> Batch:
         raise ValueError(
             f"{groups} groups of {batch.group} do not split into {count} micro-batches"
         )
+    return _split_rows(batch, batch.group, count)
+
+
+def _split_rows(tree, group: int, count: int):
+    """Every array `[B, ...]` of `tree` split as `_split_micro_batches` splits a batch's."""
 
     def split(x):
-        x = x.reshape(groups // count, count, batch.group, *x.shape[1:])
+        x = x.reshape(-1, count, group, *x.shape[1:])
         return jnp.swapaxes(x, 0, 1).reshape(count, -1, *x.shape[3:])
 
-    return jax.tree.map(split, batch)
+    return jax.tree.map(split, tree)
 
 
 def _outputs_of(
@@ -101,13 +108,17 @@ def _outputs_of(
     entropy: bool = False,
     frozen=None,
     memory: MemoryOptions = _PLAIN,
+    packing: Packing | None = None,
+    compute_dtype: str = "float32",
 ) -> PolicyOutputs:
     """`policy_outputs` of the policy `(graphdef, params, frozen)` on `batch`'s completion tokens.
 
     With `entropy`, the outputs carry each token's entropy (for an objective's entropy bonus).
 
     `frozen` holds the parameters the optimizer does not train (a LoRA run's base weights);
-    `memory` chooses chunked log-probs and per-layer remat, neither changing the result.
+    `memory` chooses chunked log-probs and per-layer remat, `packing` runs the policy on the
+    chains packed into fewer rows (`dew.train._packing`); none of them changes the result. Every
+    weight is cast to `compute_dtype` first (`dew.train._precision`).
 
     Examples:
       >>> from dew.models.llama import build
@@ -118,17 +129,24 @@ def _outputs_of(
       >>> _outputs_of(graphdef, params, batch, values=False).log_probs.shape
       (1, 4)
     """
-    model = nnx.merge(graphdef, params, *([frozen] if frozen else []))
-    return policy_outputs(
-        model,
-        batch.tokens,
-        batch.completion_mask,
-        batch.segments,
-        values=values,
-        entropy=entropy,
-        logit_chunk=memory.logit_chunk,
-        remat=memory.remat,
-    )
+    parts = (params, frozen) if frozen else (params,)
+    model = nnx.merge(graphdef, *cast_floating(parts, compute_dtype))
+
+    def run(tokens, mask, segments):
+        return policy_outputs(
+            model,
+            tokens,
+            mask,
+            segments,
+            values=values,
+            entropy=entropy,
+            logit_chunk=memory.logit_chunk,
+            remat=memory.remat,
+        )
+
+    if packing is not None:
+        return packed_outputs(run, batch, packing)
+    return run(batch.tokens, batch.completion_mask, batch.segments)
 
 
 def _rollout_fields(
@@ -141,6 +159,8 @@ def _rollout_fields(
     frozen=None,
     memory: MemoryOptions = _PLAIN,
     old_log_probs: bool = True,
+    packing: Packing | None = None,
+    compute_dtype: str = "float32",
 ) -> Batch:
     """`batch` with `old_log_probs` (and `ref_log_probs`, `values` when asked) filled, detached.
 
@@ -149,7 +169,8 @@ def _rollout_fields(
     `old_log_probs` false (one optimizer step per rollout) and no value head asked for, the
     policy's pass is skipped: the loss then takes `old_log_probs` as the detached log-probs of
     its own pass (`_with_old_log_probs`), equal by construction. No reference pass runs when the
-    objective has no KL term (`needs_reference` false).
+    objective has no KL term (`needs_reference` false). `packing` (of the whole batch) runs both
+    passes on packed rows; `compute_dtype` is the passes' (`_outputs_of`).
 
     Examples:
       >>> import numpy as np
@@ -171,14 +192,19 @@ def _rollout_fields(
       >>> filled.ref_log_probs is None, filled.values is None  # SFT asks for neither
       (True, True)
     """
+    run = functools.partial(
+        _outputs_of,
+        graphdef,
+        frozen=frozen,
+        memory=memory,
+        packing=packing,
+        compute_dtype=compute_dtype,
+    )
     if old_log_probs or objective.needs_values:
-        outputs = _outputs_of(
-            graphdef, params, batch, objective.needs_values, frozen=frozen, memory=memory
-        )
-        outputs = jax.lax.stop_gradient(outputs)
+        outputs = jax.lax.stop_gradient(run(params, batch, objective.needs_values))
         batch = batch.replace(old_log_probs=outputs.log_probs, values=outputs.values)
     if objective.needs_reference:
-        reference = _outputs_of(graphdef, ref_params, batch, False, frozen=frozen, memory=memory)
+        reference = run(ref_params, batch, False)
         batch = batch.replace(ref_log_probs=jax.lax.stop_gradient(reference.log_probs))
     return batch
 
@@ -271,6 +297,7 @@ class UpdateSpec:
       mesh: the device mesh the outputs are laid out on, or None (JAX's default placement).
       fsdp: params and optimizer state sharded over the mesh (`dew.mesh.param_shardings`).
       memory: chunked log-probs and per-layer remat.
+      compute_dtype: the dtype of the policy's passes (`--compute-dtype`).
     """
 
     graphdef: nnx.GraphDef
@@ -280,10 +307,11 @@ class UpdateSpec:
     mesh: Mesh | None = None
     fsdp: bool = False
     memory: MemoryOptions = dataclasses.field(default_factory=MemoryOptions)
+    compute_dtype: str = "float32"
 
 
 def make_update(spec: UpdateSpec):
-    """The jitted `update(params, opt_state, frozen, ref_params, batch)` of `spec`.
+    """The jitted `update(params, opt_state, frozen, ref_params, batch, packing=None)` of `spec`.
 
     It returns `(params, opt_state, metrics)`. `params` are what the optimizer trains, `frozen`
     the parameters it does not (`{}` unless the run trains LoRA adapters), `ref_params` the
@@ -292,7 +320,8 @@ def make_update(spec: UpdateSpec):
     mean, and `finite`, true when every loss was. With `spec.mesh`, params and optimizer state
     come out laid out as `param_shardings` lays them and the metrics replicated. With one step
     per rollout and no value head, `old_log_probs` come from the loss's own pass
-    (`_with_old_log_probs`).
+    (`_with_old_log_probs`). With a `packing` (`dew.train._packing.plan`) every policy pass runs
+    on the packed rows: the same numbers on fewer rows.
 
     Examples:
       >>> import numpy as np
@@ -319,13 +348,17 @@ def make_update(spec: UpdateSpec):
       True
     """
     graphdef, objective, memory = spec.graphdef, spec.objective, spec.memory
+    compute_dtype = spec.compute_dtype
     tx = optimizer(spec.optimizer)
     separate_old = spec.update.updates_per_rollout > 1
     # Optional in the protocol: only an objective with an entropy term declares it.
     entropy = bool(getattr(objective, "needs_entropy", False))
 
+    count = spec.update.micro_batches
+
     def one_step(carry, _, micro, frozen):
-        def loss_of(params, micro_batch):
+        def loss_of(params, part):
+            micro_batch, packing = part
             outputs = _outputs_of(
                 graphdef,
                 params,
@@ -334,17 +367,22 @@ def make_update(spec: UpdateSpec):
                 entropy=entropy,
                 frozen=frozen,
                 memory=memory,
+                packing=packing,
+                compute_dtype=compute_dtype,
             )
             return objective.loss(outputs, _with_old_log_probs(micro_batch, outputs))
 
+        def weight_of(part):
+            return objective.loss_weight(part[0])
+
         params, opt_state = carry
-        grads, metrics = _combined_gradient(loss_of, objective.loss_weight, params, micro)
+        grads, metrics = _combined_gradient(loss_of, weight_of, params, micro)
         step_updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, step_updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
         return (params, opt_state), metrics
 
-    def update(params, opt_state, frozen, ref_params, batch):
+    def update(params, opt_state, frozen, ref_params, batch, packing=None):
         count_trace("update")
         batch = _rollout_fields(
             graphdef,
@@ -355,9 +393,11 @@ def make_update(spec: UpdateSpec):
             frozen=frozen,
             memory=memory,
             old_log_probs=separate_old,
+            packing=None if packing is None else whole_batch(packing, batch.group, count),
+            compute_dtype=compute_dtype,
         )
         batch = objective.prepare(batch)
-        micro = _split_micro_batches(batch, spec.update.micro_batches)
+        micro = (_split_micro_batches(batch, count), _split_rows(packing, batch.group, count))
         step = functools.partial(one_step, micro=micro, frozen=frozen)
         (params, opt_state), history = jax.lax.scan(
             step, (params, opt_state), None, length=spec.update.updates_per_rollout
@@ -370,7 +410,7 @@ def make_update(spec: UpdateSpec):
         return jax.jit(update, donate_argnums=(0, 1))
     compiled = None
 
-    def laid_out_update(params, opt_state, frozen, ref_params, batch):
+    def laid_out_update(params, opt_state, frozen, ref_params, batch, packing=None):
         nonlocal compiled
         if compiled is None:  # the layouts follow the first call's trees
             shardings = (
@@ -379,7 +419,7 @@ def make_update(spec: UpdateSpec):
                 replicated(spec.mesh),
             )
             compiled = jax.jit(update, out_shardings=shardings, donate_argnums=(0, 1))
-        return compiled(params, opt_state, frozen, ref_params, batch)
+        return compiled(params, opt_state, frozen, ref_params, batch, packing)
 
     return laid_out_update
 

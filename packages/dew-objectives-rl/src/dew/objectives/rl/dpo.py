@@ -9,7 +9,6 @@ import jax.numpy as jnp
 
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
-from dew.objectives.rl.choices import check_choices
 from dew.options import NON_NEGATIVE, POSITIVE, Range, check_options, option
 from dew.rl import (
     hinge_preference_loss,
@@ -131,7 +130,6 @@ class DPO:
 
     def __post_init__(self):
         check_options(self)
-        check_choices(self)
 
     @property
     def needs_reference(self) -> bool:

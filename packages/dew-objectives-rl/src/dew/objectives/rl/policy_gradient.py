@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
 from dew.objectives.rl.aggregations import AGGREGATIONS
-from dew.objectives.rl.choices import check_choices
 from dew.objectives.rl.estimators import ADVANTAGES, Rewards, shaped_rewards
 from dew.objectives.rl.terms import CORRECTIONS, KL_ESTIMATORS, TERMS
 from dew.options import (
@@ -182,7 +181,6 @@ class PolicyGradient:
 
     def __post_init__(self):
         check_options(self)
-        check_choices(self)
         if self.overlong_buffer >= self.overlong_max_length:
             raise ConfigError(
                 f"--overlong-buffer ({self.overlong_buffer}) must be below "

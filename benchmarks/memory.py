@@ -1,0 +1,434 @@
+"""Memory of one GRPO update step: full fine-tuning, LoRA, remat, chunked log-probs, bfloat16.
+
+Run by hand from the repository root (about ten minutes on a 2-core CPU):
+
+    uv run python benchmarks/memory.py
+
+For SmolLM2-135M's configuration (as `dew.hf` reads the packaged GGUF's metadata) and a randomly
+initialised model with Qwen2.5-0.5B's (24 layers, hidden 896, 14 query / 2 key-value heads,
+intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO with its KL
+reference pass, one optimizer step per rollout, one micro-batch) is compiled for the host and
+XLA's own buffer assignment read back (`compiled.memory_analysis()`); nothing that large runs.
+Peak bytes are arguments + outputs - donated aliases + temporaries: the most the program holds.
+
+Compiling a 24-layer update takes a minute here, so each setting is compiled at 2 and 3 layers
+and at 8 and 16 rows (length 1024): decoder layers are identical, and every buffer grows
+linearly in the rows at a fixed length, so the peak is `a + b L + c B + d L B` exactly, and the
+four compiles give it at the model's depth and at any batch (checked once against a compile of
+all 24 layers: within 0.2%). From it: the peak at 8 x 1024, and the most rows at 1024 tokens
+that fit in 24 GiB.
+
+The compiles run in a subprocess with XLA's memory-minimising scheduler
+(`--xla_cpu_enable_concurrency_optimized_scheduler=false`; the CPU default schedules for
+parallelism and keeps what remat would free) and LLVM's cheap optimisation level (which
+changes code, not buffers). Then a second subprocess, with XLA's defaults, runs update steps of
+SmolLM2-135M's size (random weights) at a small batch, and the trainer's update phase on short
+completions in long rows, packed (`--pack`) and unpacked.
+
+Prints tables and writes `benchmarks/results/memory.json`.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dew.batch import Batch
+from dew.models.llama import ModelConfig, abstract, build
+from dew.models.lora import add_lora, trainable
+from dew.models.registry import SIZES
+from dew.objective import load_objective
+from dew.train.config import TrainConfig
+from dew.train.trainer import Trainer
+from dew.train.update import UpdateSpec, make_update, optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
+GiB = 2**30
+BUDGET = 24 * GiB
+GROUP = 8
+LAYERS, ROWS = (2, 3), (8, 16)
+TIMED = (4, 128)
+"""Rows and length of the timed SmolLM2-size steps (a step of 135M parameters: seconds here)."""
+PACKED = (64, 512)
+"""Rows and length of the packing comparison: short chains in long rows."""
+FLAGS = (
+    "--xla_cpu_enable_concurrency_optimized_scheduler=false "
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+)
+
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49_152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rope_theta=100_000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+"""SmolLM2-135M-Instruct's configuration, as `dew.hf.load_policy` reads the packaged GGUF's."""
+
+QWEN25_05B = ModelConfig(
+    vocab_size=151_936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32_768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    attention_bias=True,
+    tie_word_embeddings=True,
+)
+"""Qwen2.5-0.5B's `config.json`, as `dew.hf` reads it."""
+
+ATTENTION = "q_proj,k_proj,v_proj,o_proj"
+SETTINGS = {
+    "full fine-tuning": {},
+    "LoRA r8": {"lora_rank": 8},
+    "LoRA r8 + remat + logit chunk 256": {"lora_rank": 8, "remat": True, "logit_chunk": 256},
+    "LoRA r8 + remat + chunk + bf16 params and compute": {
+        "lora_rank": 8,
+        "remat": True,
+        "logit_chunk": 256,
+        "param_dtype": "bfloat16",
+        "compute_dtype": "bfloat16",
+    },
+}
+"""Each setting's options, by their flag names; the LoRA modules are the default seven."""
+
+
+def as_dtype(tree, dtype: str):
+    """`tree` with every floating-point array cast to `dtype`."""
+    floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+    return jax.tree.map(lambda x: x.astype(dtype) if floating(x) else x, tree)
+
+
+def shapes(tree):
+    """`tree` with every array a `jax.ShapeDtypeStruct`."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def policy_parts(model: ModelConfig, config: TrainConfig, shaped: bool = True):
+    """`(graphdef, trained, frozen)` of a run of `config` on `model`, split as the trainer does.
+
+    `shaped`: the base is `abstract` (nothing allocated) and every leaf a `ShapeDtypeStruct`.
+    """
+    policy = abstract(model) if shaped else build(model, 0)
+    lora = config.lora
+    if lora.lora_rank:
+        policy = add_lora(policy, lora.lora_rank, lora.lora_alpha, lora.modules, 0)
+    graphdef, params, frozen = nnx.split(policy, trainable if lora.lora_rank else nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    frozen = nnx.to_pure_dict(frozen)
+    if shaped:
+        params, frozen = shapes(params), shapes(frozen)
+        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
+        stored = jnp.dtype(config.precision.param_dtype)
+        frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, stored), frozen)
+        return graphdef, params, frozen
+    return (
+        graphdef,
+        as_dtype(params, "float32"),
+        as_dtype(frozen, config.precision.param_dtype),
+    )
+
+
+def reference(params, config: TrainConfig):
+    """The KL reference the trainer keeps: adapters at zero, or a copy in `--param-dtype`."""
+    dtype = "float32" if config.lora.lora_rank else config.precision.param_dtype
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), params)
+
+
+def batch_shapes(rows: int, length: int) -> Batch:
+    """A GRPO batch of `rows` x `length`, as shapes."""
+    token, flag = (
+        jax.ShapeDtypeStruct((rows, length), jnp.int32),
+        jax.ShapeDtypeStruct((rows, length), jnp.bool_),
+    )
+    floats = jax.ShapeDtypeStruct((rows, length), jnp.float32)
+    return Batch(token, flag, flag, floats, jax.ShapeDtypeStruct((rows,), jnp.float32), GROUP)
+
+
+def update_spec(graphdef, config: TrainConfig) -> UpdateSpec:
+    objective = load_objective("grpo")
+    return UpdateSpec(
+        graphdef,
+        objective,
+        config.optimizer,
+        config.update,
+        memory=config.memory,
+        compute_dtype=config.precision.compute_dtype,
+    )
+
+
+def compiled_memory(model: ModelConfig, config: TrainConfig, rows: int, length: int) -> dict:
+    """The compiled update's memory analysis at `rows` x `length`, in bytes, and compile seconds."""
+    graphdef, params, frozen = policy_parts(model, config)
+    opt_state = jax.eval_shape(optimizer(config.optimizer).init, params)
+    update = make_update(update_spec(graphdef, config))
+    began = time.perf_counter()
+    compiled = update.lower(
+        params, opt_state, frozen, reference(params, config), batch_shapes(rows, length)
+    ).compile()
+    seconds = time.perf_counter() - began
+    analysis = compiled.memory_analysis()
+    inputs = analysis.argument_size_in_bytes
+    peak = inputs + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+    peak += analysis.temp_size_in_bytes
+    return {
+        "peak_bytes": int(peak),
+        "argument_bytes": int(inputs),
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+        "compile_s": seconds,
+    }
+
+
+def parameter_counts(model: ModelConfig, config: TrainConfig) -> dict:
+    """Trainable and base parameter counts of a run of `config` on `model`."""
+    _, params, frozen = policy_parts(model, config)
+    trained = sum(x.size for x in jax.tree.leaves(params))
+    if not config.lora.lora_rank:
+        return {"trainable": trained, "base": trained, "share": 1.0}
+    base = sum(x.size for x in jax.tree.leaves(frozen))
+    return {"trainable": trained, "base": base, "share": trained / base}
+
+
+def peak_model(model: ModelConfig, config: TrainConfig, length: int) -> dict:
+    """`a + b L + c B + d L B` fitted to four compiles at 2 and 3 layers, 8 and 16 rows."""
+    peaks = {}
+    for layers in LAYERS:
+        shallow = dataclasses.replace(model, num_hidden_layers=layers)
+        for rows in ROWS:
+            peaks[layers, rows] = compiled_memory(shallow, config, rows, length)["peak_bytes"]
+    (l0, l1), (b0, b1) = LAYERS, ROWS
+    per_layer_row = (peaks[l1, b1] - peaks[l1, b0] - peaks[l0, b1] + peaks[l0, b0]) / (
+        (l1 - l0) * (b1 - b0)
+    )
+    per_row = (peaks[l0, b1] - peaks[l0, b0]) / (b1 - b0) - per_layer_row * l0
+    per_layer = (peaks[l1, b0] - peaks[l0, b0]) / (l1 - l0) - per_layer_row * b0
+    fixed = peaks[l0, b0] - per_layer * l0 - per_row * b0 - per_layer_row * l0 * b0
+    return {"a": fixed, "b": per_layer, "c": per_row, "d": per_layer_row}
+
+
+def predicted_peak(fit: dict, layers: int, rows: float) -> float:
+    """The fitted peak bytes at `layers` and `rows`."""
+    return fit["a"] + fit["b"] * layers + (fit["c"] + fit["d"] * layers) * rows
+
+
+def largest_rows(fit: dict, layers: int) -> int:
+    """The most rows whose fitted peak fits `BUDGET` (0 when not even one does)."""
+    fixed = fit["a"] + fit["b"] * layers
+    return max(int((BUDGET - fixed) // (fit["c"] + fit["d"] * layers)), 0)
+
+
+def random_batch(
+    rows: int,
+    length: int,
+    completion: tuple[int, int],
+    seed: int = 0,
+    group: int = GROUP,
+    vocab: int = 1000,
+) -> Batch:
+    """A GRPO batch of 16-token prompts and completions of `completion` tokens (low, high)."""
+    rng = np.random.default_rng(seed)
+    column = np.arange(length)
+    ends = 16 + rng.integers(*completion, rows)
+    prompt = column < 16
+    prompt = np.broadcast_to(prompt, (rows, length))
+    completion_mask = (column >= 16) & (column < ends[:, None])
+    tokens = np.where(column < ends[:, None], rng.integers(1, vocab, (rows, length)), 0)
+    return Batch(
+        jnp.asarray(tokens, jnp.int32),
+        jnp.asarray(prompt),
+        jnp.asarray(completion_mask),
+        jnp.where(completion_mask, -1.0, 0.0),
+        jnp.asarray(rng.random(rows), jnp.float32),
+        group,
+    )
+
+
+def step_seconds(model, config: TrainConfig, batch: Batch, steps: int) -> tuple[float, float]:
+    """Median seconds of `steps` update steps, and the first step's (which compiles)."""
+    graphdef, params, frozen = policy_parts(model, config, shaped=False)
+    lora = bool(config.lora.lora_rank)
+    ref = as_dtype(
+        jax.tree.map(jnp.zeros_like if lora else jnp.array, params),
+        "float32" if lora else config.precision.param_dtype,
+    )
+    opt_state = optimizer(config.optimizer).init(params)
+    update = make_update(update_spec(graphdef, config))
+    times = []
+    for _ in range(steps + 1):
+        began = time.perf_counter()
+        params, opt_state, metrics = update(params, opt_state, frozen, ref, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - began)
+    return float(np.median(times[1:])), times[0]
+
+
+def packed_step_seconds(batch: Batch, pack: bool, steps: int) -> tuple[float, float]:
+    """Median seconds of the trainer's update phase on `batch` (`--model small`), and the fill.
+
+    The fill is `pack_fill` when packed, else the share of the batch's positions in a chain.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        config = TrainConfig(model="small").replace(
+            prompts=batch.size // batch.group,
+            group=batch.group,
+            updates_per_rollout=1,
+            pack=pack,
+            out=str(Path(folder) / "run"),
+        )
+        trainer = Trainer(config, quiet=True)
+        times, metrics = [], {}
+        for _ in range(steps + 1):
+            began = time.perf_counter()
+            metrics = trainer.update_phase(batch)
+            times.append(time.perf_counter() - began)
+        trainer.lock.release()
+    used = np.asarray(batch.prompt_mask | batch.completion_mask).mean()
+    return float(np.median(times[1:])), metrics.get("pack_fill", float(used))
+
+
+def memory_part(length: int) -> dict:
+    """The compiled memory and parameter counts of every model and setting."""
+    models = {"SmolLM2-135M": SMOLLM2_135M, "Qwen2.5-0.5B (random)": QWEN25_05B}
+    rows_out, params_out = [], []
+    for name, model in models.items():
+        layers = model.num_hidden_layers
+        for setting, options in SETTINGS.items():
+            began = time.perf_counter()
+            fit = peak_model(model, TrainConfig().replace(**options), length)
+            row = {
+                "model": name,
+                "setting": setting,
+                "layers": layers,
+                "T": length,
+                "peak_bytes_8_rows": predicted_peak(fit, layers, 8),
+                "fixed_bytes": fit["a"] + fit["b"] * layers,
+                "bytes_per_row": fit["c"] + fit["d"] * layers,
+                "largest_rows_24GiB": largest_rows(fit, layers),
+                "fit": fit,
+                "compile_s": time.perf_counter() - began,
+            }
+            rows_out.append(row)
+            print(
+                f"{name:22s} {setting:50s} 8 x {length}: "
+                f"{row['peak_bytes_8_rows'] / GiB:6.2f} GiB (fixed "
+                f"{row['fixed_bytes'] / GiB:5.2f}, per row {row['bytes_per_row'] / GiB:5.3f}); "
+                f"fits {row['largest_rows_24GiB']} rows",
+                flush=True,
+            )
+        for label, options in {
+            "LoRA r8, all seven projections": {"lora_rank": 8},
+            "LoRA r8, attention only": {"lora_rank": 8, "lora_modules": ATTENTION},
+        }.items():
+            counts = parameter_counts(model, TrainConfig().replace(**options))
+            params_out.append({"model": name, "setting": label, **counts})
+            print(
+                f"{name:22s} {label:50s} {counts['trainable']:,} of {counts['base']:,} "
+                f"({100 * counts['share']:.2f}%)",
+                flush=True,
+            )
+    return {"memory": rows_out, "parameters": params_out}
+
+
+def timing_part(steps: int) -> dict:
+    """Seconds per update step of SmolLM2-135M's size, and packed against unpacked tokens/s.
+
+    The packing comparison runs the trainer's update phase (GRPO, LoRA off) of the built-in
+    `small` model on `PACKED` rows of 16-token prompts and 4 to 32 completion tokens.
+    """
+    smol = SMOLLM2_135M
+    timing = []
+    rows, length = TIMED
+    small = random_batch(rows, length, (48, 112), group=rows)
+    for setting in ("full fine-tuning", "LoRA r8 + remat + logit chunk 256"):
+        config = TrainConfig().replace(**SETTINGS[setting])
+        seconds, first_s = step_seconds(smol, config, small, steps)
+        timing.append(
+            {"setting": setting, "B": rows, "T": length, "step_s": seconds, "first_step_s": first_s}
+        )
+        print(f"SmolLM2-135M {setting:40s} {seconds:.2f} s per step at {rows} x {length}")
+    packing = []
+    rows, length = PACKED
+    short = random_batch(rows, length, (4, 33), vocab=SIZES["small"].vocab_size)
+    tokens = int(np.asarray(short.prompt_mask | short.completion_mask).sum())
+    for pack in (False, True):
+        seconds, fill = packed_step_seconds(short, pack, steps)
+        packing.append(
+            {
+                "pack": pack,
+                "model": "small",
+                "B": rows,
+                "T": length,
+                "step_s": seconds,
+                "chain_tokens": tokens,
+                "tokens_per_s": tokens / seconds,
+                "fill": fill,
+            }
+        )
+        print(f"packed {pack!s:5s}: {seconds:.3f} s per step, {tokens / seconds:,.0f} tokens/s")
+    return {"step_time": timing, "packing": packing}
+
+
+def run_part(part: str, argv: list[str], flags: str | None) -> dict:
+    """`part` of the benchmark in a fresh subprocess (its own XLA flags); its JSON."""
+    env = dict(os.environ)
+    if flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
+    out = Path(tempfile.mkdtemp()) / f"{part}.json"
+    command = [sys.executable, __file__, "--part", part, "--part-out", str(out), *argv]
+    subprocess.run(command, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=1024, help="tokens per row")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per setting")
+    parser.add_argument("--part", choices=("memory", "timing"), help=argparse.SUPPRESS)
+    parser.add_argument("--part-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.part:
+        result = memory_part(args.length) if args.part == "memory" else timing_part(args.steps)
+        Path(args.part_out).write_text(json.dumps(result))
+        return
+    began = time.perf_counter()
+    argv = ["--length", str(args.length), "--steps", str(args.steps)]
+    results = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+        },
+        "budget_bytes": BUDGET,
+        "compile_flags": FLAGS,
+        **run_part("memory", argv, FLAGS),
+        **run_part("timing", argv, None),
+    }
+    results["wall_s"] = time.perf_counter() - began
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {RESULTS} in {results['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
