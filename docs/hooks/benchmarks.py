@@ -2,10 +2,10 @@
 
 A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
 `<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
-`<!-- bench: smollm2_arithmetic -->`, `<!-- bench: processes -->`, `<!-- bench: memory -->`,
-`<!-- bench: lora_params -->` or `<!-- bench: memory_steps -->`; the hook replaces each with a
-table of the numbers the scripts last wrote, so the page shows what was measured, not what
-someone typed. The prose around the tables quotes the same files.
+`<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
+`<!-- bench: memory -->`, `<!-- bench: lora_params -->` or `<!-- bench: memory_steps -->`; the
+hook replaces each with a table of the numbers the scripts last wrote, so the page shows what was
+measured, not what someone typed. The prose around the tables quotes the same files.
 """
 
 import json
@@ -111,9 +111,9 @@ def train_table() -> str:
     return markdown_table(["", *names], rows)
 
 
-def smollm2_arithmetic_table() -> str:
-    """Held-out evaluation before and after the SmolLM2 GRPO run, and its step times."""
-    results = load("smollm2_arithmetic")
+def smollm2_table(name: str) -> str:
+    """Held-out evaluation before and after a SmolLM2 run on arithmetic (results file `name`)."""
+    results = load(name)
     k = results["k"]
     rows = [
         [
@@ -263,8 +263,8 @@ def expand(match: re.Match) -> str:
         return gae_tunix_table()
     if table == "train":
         return train_table()
-    if table == "smollm2_arithmetic":
-        return smollm2_arithmetic_table()
+    if table in ("smollm2_arithmetic", "smollm2_lora"):
+        return smollm2_table(table)
     if table == "models":
         return models_table()
     if table == "processes":
