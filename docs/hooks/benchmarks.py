@@ -3,7 +3,8 @@
 A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
 `<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
-`<!-- bench: memory -->`, `<!-- bench: lora_params -->` or `<!-- bench: memory_steps -->`; the
+`<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->` or
+`<!-- bench: trl_grpo -->`; the
 hook replaces each with a table of the numbers the scripts last wrote, so the page shows what was
 measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -222,6 +223,40 @@ def memory_steps_table() -> str:
     return markdown_table(["update step", "B x T", "seconds", ""], rows)
 
 
+def trl_grpo_table() -> str:
+    """Each run of Dew's default job and of TRL's matched GRPOTrainer, in the order they ran."""
+
+    def seconds(value) -> str:
+        return "not reached" if value is None else f"{value['seconds']:.1f}"
+
+    rows = [
+        [
+            run["name"],
+            str(run["seed"]),
+            f"{run['first_step_s']:.1f}",
+            seconds(run["time_to_0.5"]),
+            seconds(run["time_to_0.9"]),
+            f"{run['steady_s']:.3f}",
+            str(run["steps_to_0.9"] or "not reached"),
+            f"{run['final_reward']:.3f}",
+            f"{run['peak_rss_mib']:.0f}",
+        ]
+        for run in load("trl_grpo")["runs"]
+    ]
+    header = [
+        "run",
+        "seed",
+        "first step s",
+        "s to reward 0.5",
+        "s to reward 0.9",
+        "s / step",
+        "steps to 0.9",
+        "final reward",
+        "peak RSS MiB",
+    ]
+    return markdown_table(header, rows)
+
+
 def machine_table() -> str:
     """Where each script last ran, as the scripts recorded it."""
     math, train = load("rl_math")["machine"], load("train")["machine"]
@@ -265,6 +300,8 @@ def expand(match: re.Match) -> str:
         return train_table()
     if table in ("smollm2_arithmetic", "smollm2_lora"):
         return smollm2_table(table)
+    if table == "trl_grpo":
+        return trl_grpo_table()
     if table == "models":
         return models_table()
     if table == "processes":
