@@ -124,9 +124,9 @@ def test_one_update_per_rollout_skips_the_old_log_prob_pass():
         outputs = _outputs_of(graphdef, params, filled, False)
         return objective.loss(outputs, _with_old_log_probs(filled, outputs))[0]
 
-    fill = jax.jit(_rollout_fields, static_argnums=(0, 4), static_argnames="old_log_probs")
+    fill = jax.jit(_rollout_fields, static_argnums=(0, 4), static_argnames="policy_pass")
     assert fill(graphdef, params, None, batch, objective).old_log_probs is not None
-    skipped = fill(graphdef, params, None, batch, objective, old_log_probs=False)
+    skipped = fill(graphdef, params, None, batch, objective, policy_pass=False)
     assert skipped.old_log_probs is None
 
     def ratio_one(params):  # the loss with the ratio exactly 1: its gradient is the log-probs'

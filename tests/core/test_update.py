@@ -128,3 +128,67 @@ def test_a_nan_loss_is_reported_not_hidden(setup):
 
     _, _, metrics = run_update(graphdef, params, batch, Broken(), 1, updates=1)
     assert not bool(metrics["finite"])
+
+
+def variants(reinforce):
+    """Two variants of the `reinforce` objective: one with a value head, one with a stale ratio."""
+
+    @dataclasses.dataclass(frozen=True)
+    class ValueBaselined(type(reinforce)):
+        """A value-baselined REINFORCE with a value loss: `prepare` reads the rollout's values."""
+
+        needs_values = True
+
+        def prepare(self, batch):
+            mask = batch.completion_mask
+            baseline = jnp.sum(jnp.where(mask, batch.values, 0.0), axis=1) / mask.sum(1)
+            return batch.replace(advantages=batch.rewards - baseline)
+
+        def loss(self, outputs, batch):
+            loss, metrics = super().loss(outputs, batch)
+            mask = batch.completion_mask
+            errors = jnp.where(mask, outputs.values - batch.rewards[:, None], 0.0)
+            return loss + jnp.sum(errors**2) / jnp.sum(mask), metrics
+
+    @dataclasses.dataclass(frozen=True)
+    class RatioOfOne(type(reinforce)):
+        """The ratio against each step's own log-probs: what a stale old pass would give."""
+
+        def loss(self, outputs, batch):
+            return super().loss(outputs, batch.replace(old_log_probs=outputs.log_probs))
+
+    return ValueBaselined(), RatioOfOne()
+
+
+@pytest.mark.parametrize("values", [False, True], ids=["ratio", "values"])
+def test_the_first_steps_pass_gives_the_old_log_probs_and_values(setup, reinforce, values):
+    """One micro-batch takes them from the first step's pass, two from a pass of their own.
+
+    At a learning rate large enough that the later steps' ratios move away from 1, three
+    steps give the same parameters either way, and a ratio against each step's own log-probs
+    would not.
+    """
+    graphdef, params, batch = setup
+    value_baselined, ratio_of_one = variants(reinforce)
+    objective = value_baselined if values else reinforce
+    if values:
+        config = dataclasses.replace(SIZES["tiny"], vocab_size=DIGITS.vocab_size, value_head=True)
+        graphdef, params = nnx.split(build(config, 0))
+        params = nnx.to_pure_dict(params)
+
+    def trained(objective, micro_batches):
+        options = OptimizerOptions(lr=3e-2)
+        spec = UpdateSpec(graphdef, objective, options, UpdateOptions(3, micro_batches))
+        fresh = jax.tree.map(jnp.array, params)
+        return make_update(spec)(fresh, optimizer(options).init(fresh), {}, None, batch)
+
+    fused, _, metrics = trained(objective, 1)
+    separate, _, split_metrics = trained(objective, 2)
+    for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(separate), strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    np.testing.assert_allclose(metrics["ratio"], split_metrics["ratio"], rtol=1e-5)
+    assert abs(float(metrics["ratio"]) - 1.0) > 1e-3  # the later steps' ratios moved
+    if not values:
+        stale, _, _ = trained(ratio_of_one, 1)
+        pairs = zip(jax.tree.leaves(fused), jax.tree.leaves(stale), strict=True)
+        assert max(float(jnp.abs(a - b).max()) for a, b in pairs) > 1e-3

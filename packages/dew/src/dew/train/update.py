@@ -1,8 +1,10 @@
 """The jitted update: a rollout's batch in, several optimizer steps over exact micro-batches out.
 
 Per call: the rollout-time log-probs (`old_log_probs`, and `ref_log_probs` or `values` when the
-objective asks; with one optimizer step per rollout `old_log_probs` are the loss's own, detached),
-`objective.prepare` on the whole batch, then `updates` optimizer steps. Each step
+objective asks), `objective.prepare` on the whole batch, then `updates` optimizer steps. The
+old log-probs and values are the current policy's, so no pass runs for them alone: with one
+micro-batch the first step's own pass provides them (`_rollout_fields_of`), and with one step per
+rollout and no value head the loss's pass does (`_with_old_log_probs`). Each step
 splits the batch into `micro_batches` group-aligned parts, runs the policy once per part
 (`policy_outputs`), hands the outputs to the objective's loss and combines the gradients as
 
@@ -158,19 +160,20 @@ def _rollout_fields(
     *,
     frozen=None,
     memory: MemoryOptions = _PLAIN,
-    old_log_probs: bool = True,
+    policy_pass: bool = True,
     packing: Packing | None = None,
     compute_dtype: str = "float32",
 ) -> Batch:
-    """`batch` with `old_log_probs` (and `ref_log_probs`, `values` when asked) filled, detached.
+    """`batch` with `old_log_probs`, `values` and `ref_log_probs` filled as asked, detached.
 
-    The reference is the policy `(graphdef, ref_params, frozen)`: a copy of the initial
-    parameters, or for a LoRA run its adapters at zero over the shared base. With
-    `old_log_probs` false (one optimizer step per rollout) and no value head asked for, the
-    policy's pass is skipped: the loss then takes `old_log_probs` as the detached log-probs of
-    its own pass (`_with_old_log_probs`), equal by construction. No reference pass runs when the
-    objective has no KL term (`needs_reference` false). `packing` (of the whole batch) runs both
-    passes on packed rows; `compute_dtype` is the passes' (`_outputs_of`).
+    With `policy_pass` the policy runs once to fill `old_log_probs` (and `values` when the
+    objective has a value head). Without it the update takes them from the first optimizer
+    step's own pass (`_rollout_fields_of`, or `_with_old_log_probs` with one step per rollout): the
+    same policy, the same numbers, one forward pass fewer. The reference is the policy
+    `(graphdef, ref_params, frozen)`: a copy of the initial parameters, or for a LoRA run its
+    adapters at zero over the shared base; no reference pass runs when the objective has no KL
+    term (`needs_reference` false). `packing` (of the whole batch) runs both passes on packed
+    rows; `compute_dtype` is the passes' (`_outputs_of`).
 
     Examples:
       >>> import numpy as np
@@ -200,7 +203,7 @@ def _rollout_fields(
         packing=packing,
         compute_dtype=compute_dtype,
     )
-    if old_log_probs or objective.needs_values:
+    if policy_pass:
         outputs = jax.lax.stop_gradient(run(params, batch, objective.needs_values))
         batch = batch.replace(old_log_probs=outputs.log_probs, values=outputs.values)
     if objective.needs_reference:
@@ -285,6 +288,28 @@ def _combined_gradient(
     return grads, {k: v / weight_sum for k, v in sums.items()}
 
 
+def _rollout_fields_of(batch: Batch, outputs: PolicyOutputs, first: jax.Array, carried):
+    """`batch` with `old_log_probs` and `values` filled, and those two fields.
+
+    On the first optimizer step (`first` true) they are `outputs`' own, detached: the policy
+    being trained is still the one that sampled. On later steps they are `carried`, what the
+    first step returned. So the first step's pass serves as the old-log-prob pass.
+
+    Examples:
+      >>> tokens = jnp.array([[1, 5]])
+      >>> batch = Batch(tokens, tokens < 5, tokens >= 5, jnp.zeros((1, 2)), jnp.zeros(1), group=1)
+      >>> own = PolicyOutputs(jnp.array([[0.0, -0.5]]))
+      >>> carried = (jnp.array([[0.0, -0.7]]), None)
+      >>> _rollout_fields_of(batch, own, jnp.bool_(True), carried)[0].old_log_probs
+      Array([[ 0. , -0.5]], dtype=float32)
+      >>> _rollout_fields_of(batch, own, jnp.bool_(False), carried)[0].old_log_probs
+      Array([[ 0. , -0.7]], dtype=float32)
+    """
+    own = jax.lax.stop_gradient((outputs.log_probs, outputs.values))
+    fields = jax.tree.map(lambda o, c: jnp.where(first, o, c), own, carried)
+    return batch.replace(old_log_probs=fields[0], values=fields[1]), fields
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateSpec:
     """Everything a compiled update depends on; hashable, so compiled updates are reused by it.
@@ -318,10 +343,11 @@ def make_update(spec: UpdateSpec):
     reference's trained part or None. `metrics` holds `loss`, `grad_norm` and the objective's
     metrics, each the mean over the `updates_per_rollout` steps of the weighted micro-batch
     mean, and `finite`, true when every loss was. With `spec.mesh`, params and optimizer state
-    come out laid out as `param_shardings` lays them and the metrics replicated. With one step
-    per rollout and no value head, `old_log_probs` come from the loss's own pass
-    (`_with_old_log_probs`). With a `packing` (`dew.train._packing.plan`) every policy pass runs
-    on the packed rows: the same numbers on fewer rows.
+    come out laid out as `param_shardings` lays them and the metrics replicated. The old
+    log-probs (and values) come from a step's own pass where it covers the whole batch
+    (`_rollout_fields_of`, `_with_old_log_probs`), else from a pass of their own. With a
+    `packing` (`dew.train._packing.plan`) every policy pass runs on the packed rows: the same
+    numbers on fewer rows.
 
     Examples:
       >>> import numpy as np
@@ -350,40 +376,56 @@ def make_update(spec: UpdateSpec):
     graphdef, objective, memory = spec.graphdef, spec.objective, spec.memory
     compute_dtype = spec.compute_dtype
     tx = optimizer(spec.optimizer)
-    separate_old = spec.update.updates_per_rollout > 1
-    # Optional in the protocol: only an objective with an entropy term declares it.
-    entropy = bool(getattr(objective, "needs_entropy", False))
-
     count = spec.update.micro_batches
+    # The old log-probs (and values) are the current policy's: with one micro-batch the first
+    # step's own pass provides them (`_rollout_fields_of`), else a pass of their own runs first.
+    policy_pass = spec.update.updates_per_rollout > 1 or objective.needs_values
+    fused = policy_pass and count == 1
+    passes = functools.partial(
+        _outputs_of,
+        graphdef,
+        values=objective.needs_values,
+        # Optional in the protocol: only an objective with an entropy term declares it.
+        entropy=bool(getattr(objective, "needs_entropy", False)),
+        memory=memory,
+        compute_dtype=compute_dtype,
+    )
+
+    def applied(params, opt_state, grads, metrics):
+        step_updates, opt_state = tx.update(grads, opt_state, params)
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
+        return optax.apply_updates(params, step_updates), opt_state, metrics
 
     def one_step(carry, _, micro, frozen):
         def loss_of(params, part):
             micro_batch, packing = part
-            outputs = _outputs_of(
-                graphdef,
-                params,
-                micro_batch,
-                objective.needs_values,
-                entropy=entropy,
-                frozen=frozen,
-                memory=memory,
-                packing=packing,
-                compute_dtype=compute_dtype,
-            )
+            outputs = passes(params, micro_batch, frozen=frozen, packing=packing)
             return objective.loss(outputs, _with_old_log_probs(micro_batch, outputs))
 
         def weight_of(part):
             return objective.loss_weight(part[0])
 
-        params, opt_state = carry
-        grads, metrics = _combined_gradient(loss_of, weight_of, params, micro)
-        step_updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, step_updates)
-        metrics["grad_norm"] = optax.tree.norm(grads)
+        grads, metrics = _combined_gradient(loss_of, weight_of, carry[0], micro)
+        params, opt_state, metrics = applied(*carry, grads, metrics)
         return (params, opt_state), metrics
+
+    def whole_step(carry, first, batch, frozen, packing):
+        """One optimizer step on the whole batch, its pass giving the first step's old fields."""
+        params, opt_state, carried = carry
+
+        def loss_of(params):
+            outputs = passes(params, batch, frozen=frozen, packing=packing)
+            filled, fields = _rollout_fields_of(batch, outputs, first, carried)
+            loss, metrics = objective.loss(outputs, objective.prepare(filled))
+            return loss, ({"loss": loss, **metrics}, fields)
+
+        (_, (metrics, fields)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+        params, opt_state, metrics = applied(params, opt_state, grads, metrics)
+        return (params, opt_state, fields), metrics
 
     def update(params, opt_state, frozen, ref_params, batch, packing=None):
         count_trace("update")
+        whole = None if packing is None else whole_batch(packing, batch.group, count)
         batch = _rollout_fields(
             graphdef,
             params,
@@ -392,16 +434,23 @@ def make_update(spec: UpdateSpec):
             objective,
             frozen=frozen,
             memory=memory,
-            old_log_probs=separate_old,
-            packing=None if packing is None else whole_batch(packing, batch.group, count),
+            policy_pass=policy_pass and not fused,
+            packing=whole,
             compute_dtype=compute_dtype,
         )
-        batch = objective.prepare(batch)
-        micro = (_split_micro_batches(batch, count), _split_rows(packing, batch.group, count))
-        step = functools.partial(one_step, micro=micro, frozen=frozen)
-        (params, opt_state), history = jax.lax.scan(
-            step, (params, opt_state), None, length=spec.update.updates_per_rollout
-        )
+        steps = spec.update.updates_per_rollout
+        if fused:
+            empty = jnp.zeros(batch.tokens.shape, jnp.float32)
+            carry = (params, opt_state, (empty, empty if objective.needs_values else None))
+            step = functools.partial(whole_step, batch=batch, frozen=frozen, packing=whole)
+            (params, opt_state, _), history = jax.lax.scan(step, carry, jnp.arange(steps) == 0)
+        else:
+            batch = objective.prepare(batch)
+            micro = (_split_micro_batches(batch, count), _split_rows(packing, batch.group, count))
+            step = functools.partial(one_step, micro=micro, frozen=frozen)
+            (params, opt_state), history = jax.lax.scan(
+                step, (params, opt_state), None, length=steps
+            )
         metrics = {k: jnp.mean(v) for k, v in history.items()}
         metrics["finite"] = jnp.all(jnp.isfinite(history["loss"]))
         return params, opt_state, metrics
