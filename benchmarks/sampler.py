@@ -1,0 +1,155 @@
+"""The default job's sampler against its own floor: the forward passes it cannot avoid.
+
+Run by hand from the repository root:
+
+    uv run python benchmarks/sampler.py [--repeats N] [--results PATH]
+
+On the default job's shapes (the `default` model, 32 prompts x group 8 of the `reverse` task,
+its 4-token completion budget) it times, each jitted, warm, and in turns:
+
+- `floor`: the model's passes alone: one prefill of every prompt into the KV cache, then one
+  decode pass per further token, every row fed the same token (no sampling, no early stop);
+- `sampler`: `dew.sampling.sample_state`, the compiled sampler `dew train` runs (the passes, plus
+  drawing each token, writing it, and stopping when every row has drawn EOS);
+- `rollout`: `dew.rollout.rollout`, what a training step's sampling costs: prompts padded and
+  placed, the sampler, the copy to the host and the task's reward on every completion.
+
+Prints the median milliseconds of each, the ratios to the floor and the completion tokens per
+second, and writes `benchmarks/results/sampler.json`.
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dew.compile_cache import use_compile_cache
+from dew.models.registry import resolve_model
+from dew.rollout import Prompter, rollout
+from dew.sampling import sample_state
+from dew.tasks import get_task
+from dew.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "sampler.json"
+
+
+def floor_passes(graphdef, params, prompts, max_new_tokens: int) -> jax.Array:
+    """The logits of a prefill and `max_new_tokens - 1` decode passes: the sampler's floor."""
+    model = nnx.merge(graphdef, params)
+    batch, width = prompts.shape
+    logits, cache = model.prefill(prompts, model.init_cache(batch, width + max_new_tokens))
+    fed = prompts[:, -1:]
+
+    def step(i, carry):
+        _, cache = carry
+        return model.decode(fed, jnp.full((batch,), width + i, jnp.int32), cache)
+
+    logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, (logits[:, -1:], cache))
+    return logits
+
+
+def timed(call, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `call`, after one untimed call."""
+    jax.block_until_ready(call())
+    seconds = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        jax.block_until_ready(call())
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=101, help="timed calls of each, in turns")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
+    args = parser.parse_args()
+    use_compile_cache()
+    config = TrainConfig()
+    source = resolve_model(config.model)
+    prompter = Prompter(get_task(config.task), source.tokenizer())
+    graphdef, params = nnx.split(source.policy(config.run.seed))
+    group, count = config.rollout.group, config.rollout.prompts
+    prompts = prompter.draw(np.random.default_rng([config.run.seed, 1]), count)  # step 1's
+    rows = [p for p in prompts.tokens for _ in range(group)]
+    padded = np.full((len(rows), prompter.width), prompter.pad_id, np.int32)
+    for row, prompt in enumerate(rows):
+        padded[row, : len(prompt)] = prompt
+    lengths = jnp.asarray([len(p) for p in rows], jnp.int32)
+    padded = jnp.asarray(padded)
+    new = prompter.max_new_tokens
+    key = jax.random.key(0)
+    floor = jax.jit(floor_passes, static_argnums=(0, 3))
+    calls = {
+        "floor": lambda: floor(graphdef, params, padded, new),
+        "sampler": lambda: sample_state(
+            graphdef,
+            params,
+            padded,
+            lengths,
+            key,
+            max_new_tokens=new,
+            eos_id=prompter.stop_id,
+            pad_id=prompter.pad_id,
+        ),
+        "rollout": lambda: rollout(graphdef, params, prompter, prompts, group, key).batch,
+    }
+    seconds = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, call in calls.items():
+            seconds[name] += timed(call, 1)
+    completion = sample_state(
+        graphdef,
+        params,
+        padded,
+        lengths,
+        key,
+        max_new_tokens=new,
+        eos_id=prompter.stop_id,
+        pad_id=prompter.pad_id,
+    ).completion_mask
+    tokens = int(completion.sum())
+    medians = {name: statistics.median(s) for name, s in seconds.items()}
+    print(
+        f"{len(rows)} rows, prompt width {prompter.width}, {new} new tokens at most, "
+        f"{tokens} completion tokens drawn"
+    )
+    print(f"{'':8s} {'median ms':>10s} {'x floor':>8s} {'tokens/s':>10s}")
+    for name, median in medians.items():
+        print(
+            f"{name:8s} {1e3 * median:10.2f} {median / medians['floor']:8.2f} "
+            f"{tokens / median:10,.0f}"
+        )
+    machine = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "jax": importlib.metadata.version("jax"),
+        "load_average": list(os.getloadavg()),
+    }
+    results = {
+        "machine": machine,
+        "rows": len(rows),
+        "prompt_width": prompter.width,
+        "max_new_tokens": new,
+        "completion_tokens": tokens,
+        "median_s": medians,
+        "seconds": seconds,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
