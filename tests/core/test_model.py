@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from dew.models.llama import ModelConfig, Policy, build, count_params
-from dew.models.outputs import log_probs, log_probs_and_values, token_log_probs
+from dew.models.outputs import log_probs, log_probs_and_values, policy_outputs, token_log_probs
 from dew.models.registry import SIZES
 from dew.train.checkpoint import _flatten
 
@@ -150,3 +150,61 @@ def test_same_seed_same_weights():
         for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True)
     )
     assert isinstance(build(TINY, 7), Policy)
+
+
+def grouped_tokens(seed, groups=3, group=4, length=9, shared=5):
+    """Rows in groups of `group` whose first `shared` tokens are their group's first row's."""
+    tokens = np.array(tokens_of(seed, (groups * group, length))).reshape(groups, group, length)
+    tokens[:, :, :shared] = tokens[:, :1, :shared]
+    return jnp.asarray(tokens.reshape(groups * group, length))
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
+def test_a_shared_prefix_gives_the_full_passs_outputs_and_gradients(remat):
+    config = dataclasses.replace(TINY, num_hidden_layers=2, value_head=True)
+    graphdef, params = nnx.split(build(config, 0))
+    tokens = grouped_tokens(0)
+    mask = jnp.broadcast_to(jnp.arange(9) >= 4, tokens.shape)
+
+    def outputs(params, shared):
+        model = nnx.merge(graphdef, params)
+        return policy_outputs(
+            model, tokens, mask, values=True, entropy=True, remat=remat, group=4, shared=shared
+        )
+
+    def scalar(params, shared):
+        out = outputs(params, shared)
+        return jnp.sum(out.log_probs * jnp.arange(9.0)) + jnp.sum(out.values**2 + out.entropy)
+
+    full, shared = outputs(params, 0), outputs(params, 5)
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(shared), strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-6)
+    grads = [jax.grad(scalar)(params, s) for s in (0, 5)]
+    for a, b in zip(*map(jax.tree.leaves, grads), strict=True):  # to float32 round-off
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=4e-6 * float(jnp.abs(a).max()))
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[0])) > 1e-2
+
+
+def test_a_shared_prefix_is_read_from_each_groups_first_row():
+    model = build(TINY, 0)
+    tokens = grouped_tokens(1, groups=2, group=2)
+    differing = tokens.at[1, 0].set((tokens[1, 0] + 1) % TINY.vocab_size)  # row 1 breaks ranks
+    mask = jnp.ones(tokens.shape, bool)
+    shared = policy_outputs(model, differing, mask, group=2, shared=5).log_probs
+    np.testing.assert_allclose(shared, policy_outputs(model, tokens, mask).log_probs, atol=2e-6)
+    assert float(jnp.abs(shared - policy_outputs(model, differing, mask).log_probs).max()) > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("shape", "group", "shared", "segments", "message"),
+    [
+        ((6, 9), 4, 5, False, "do not split into groups of 4"),
+        ((8, 9), 4, 9, False, "need 0 < shared < 9"),
+        ((8, 9), 4, 5, True, "needs unpacked rows"),
+    ],
+)
+def test_a_shared_prefix_rejects_rows_it_cannot_share(shape, group, shared, segments, message):
+    tokens = tokens_of(2, shape)
+    segments = jnp.ones(shape, jnp.int32) if segments else None
+    with pytest.raises(ValueError, match=message):
+        build(TINY, 0).hidden(tokens, segments, group=group, shared=shared)

@@ -60,6 +60,15 @@ def test_a_batch_is_a_pytree_with_a_static_group(policy):
     assert doubled.group == 2
 
 
+def test_a_groups_rows_share_their_prompt_as_the_batchs_shared_prefix(policy):
+    out = rollout(*policy, PROMPTER, draw(4), 3, jax.random.key(0))
+    shared = out.batch.shared_prefix
+    assert shared == out.prompt_mask.sum(axis=1).min() > 0
+    heads = out.tokens.reshape(4, 3, -1)[:, :, :shared]
+    assert (heads == heads[:, :1]).all()
+    assert rollout(*policy, PROMPTER, draw(4), 1, jax.random.key(0)).batch.shared_prefix == 0
+
+
 def with_reward(function, name="custom"):
     return Prompter(TASK, DIGITS, rewards=(Reward(name, function),))
 

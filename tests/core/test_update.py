@@ -109,6 +109,20 @@ def test_micro_batches_hold_whole_groups():
         _split_micro_batches(batch, 3)
 
 
+def test_a_rollouts_shared_prompts_run_once_per_group_with_the_same_numbers(setup):
+    graphdef, params, batch = setup
+    assert batch.shared_prefix == 5 and batch.group == 4
+
+    def loss(params, batch):
+        outputs = _outputs_of(graphdef, params, batch, False, entropy=True)
+        return jnp.sum(outputs.log_probs) + jnp.sum(outputs.entropy), outputs
+
+    shared = jax.value_and_grad(loss, has_aux=True)(params, batch)
+    full = jax.value_and_grad(loss, has_aux=True)(params, batch.replace(shared_prefix=0))
+    for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(full), strict=True):  # round-off
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=4e-6 * float(jnp.abs(b).max()))
+
+
 def test_rollout_fields_are_the_current_policys(setup):
     graphdef, params, batch = setup
     filled = _rollout_fields(graphdef, params, params, batch, SFT())

@@ -45,6 +45,8 @@ class Batch:
         where one could not judge), in the task's order, or None; `rewards` is their weighted
         sum.
       reward_weights: the K reward functions' weights (static), `()` without components.
+      shared_prefix: how many leading positions each group's rows hold in common (static): their
+        prompt's first tokens, which a policy pass then runs once per group. 0 when not known.
     """
 
     tokens: jax.Array
@@ -61,6 +63,7 @@ class Batch:
     segments: jax.Array | None = None
     reward_components: jax.Array | None = None
     reward_weights: tuple[float, ...] = dataclasses.field(default=(), metadata={"static": True})
+    shared_prefix: int = dataclasses.field(default=0, metadata={"static": True})
 
     @property
     def size(self) -> int:

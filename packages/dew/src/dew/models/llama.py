@@ -191,11 +191,13 @@ class Attention(nnx.Module):
         self.heads, self.kv_heads, self.head_dim = h, kv, d
         self.config = config
 
-    def __call__(self, x, positions, mask, cache=None):
-        """Output `[B, S, hidden]` and the cache with this call's keys and values at `positions`.
+    def __call__(self, x, positions, mask, cache=None, prefix=None):
+        """Output `[B, S, hidden]`, and the cache with this call's keys and values at `positions`.
 
         `mask` `[B, S, L]` says which keys each query sees: the call's own `S` keys without a
-        cache, the cache's `L` slots with one.
+        cache, the cache's `L` slots with one, the `P` keys of `prefix` (`[B, P, kv_heads,
+        head_dim]` keys and values, attended before the call's own) and then its own `S` with a
+        prefix. Without a cache the second output is this call's own keys and values.
         """
         batch, length, _ = x.shape
         q = self.q_proj(x).reshape(batch, length, self.heads, self.head_dim)
@@ -210,6 +212,11 @@ class Attention(nnx.Module):
             k = cache[0].at[rows, positions].set(k.astype(cache[0].dtype))
             v = cache[1].at[rows, positions].set(v.astype(cache[1].dtype))
             cache = (k, v)
+        else:
+            cache = (k, v)
+            if prefix is not None:
+                k = jnp.concatenate([prefix[0], k], axis=1)
+                v = jnp.concatenate([prefix[1], v], axis=1)
         groups = self.heads // self.kv_heads
         q = q.reshape(batch, length, self.kv_heads, groups, self.head_dim)
         scores = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32)
@@ -246,8 +253,8 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(size, eps, dtype)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, positions, mask, cache=None):
-        attended, cache = self.self_attn(self.input_layernorm(x), positions, mask, cache)
+    def __call__(self, x, positions, mask, cache=None, prefix=None):
+        attended, cache = self.self_attn(self.input_layernorm(x), positions, mask, cache, prefix)
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
@@ -284,16 +291,29 @@ class Policy(nnx.Module):
         self.value_head = value_head(config, rngs) if config.value_head else None
 
     def hidden(
-        self, tokens: jax.Array, segments: jax.Array | None = None, *, remat: bool = False
+        self,
+        tokens: jax.Array,
+        segments: jax.Array | None = None,
+        *,
+        remat: bool = False,
+        group: int = 1,
+        shared: int = 0,
     ) -> jax.Array:
         """The final normed hidden states `[B, T, hidden_size]` of a full causal pass.
 
         With `segments` (`[B, T]` ids of packed sequences) a token attends only within its own
         segment and positions restart at each segment's first token. With `remat` each decoder
         layer is rematerialised (`nnx.remat`, `jax.checkpoint`): a backward pass keeps only the
-        layers' inputs and recomputes the rest, the same numbers for less memory.
+        layers' inputs and recomputes the rest, the same numbers for less memory. With `shared`
+        > 0 the rows come in groups of `group` adjacent rows whose first `shared` tokens are the
+        same (a prompt and its sampled completions): those positions run once per group
+        (`_shared_hidden`), the same numbers for less work.
         """
         check_tokens(tokens, "tokens")
+        if shared:
+            if segments is not None:
+                raise ValueError("a shared prefix needs unpacked rows (segments None)")
+            return self._shared_hidden(tokens, group, shared, remat)
         length = tokens.shape[1]
         position = jnp.arange(length)
         mask = position[None, :, None] >= position[None, None, :]
@@ -315,6 +335,47 @@ class Policy(nnx.Module):
         for layer in self.layers:
             x = through(layer, x)
         return self.norm(x)
+
+    def _shared_hidden(self, tokens: jax.Array, group: int, shared: int, remat: bool):
+        """`hidden` of rows whose groups of `group` share their first `shared` tokens.
+
+        Each layer runs the shared positions once per group, then every row's remaining
+        positions, attending to its group's shared keys and values and to its own, causally.
+        The backward pass sums each shared position's gradient over its group's rows, as the
+        full pass does. Rows stay group-contiguous, so a batch laid out over devices by whole
+        groups keeps each group on one device.
+        """
+        batch, length = tokens.shape
+        if batch % group or not 0 < shared < length:
+            raise ValueError(
+                f"tokens {tokens.shape} do not split into groups of {group} sharing their first "
+                f"{shared} tokens (need 0 < shared < {length})"
+            )
+
+        def spread(x):  # [B / group, ...] -> [B, ...], each group's entry on its rows
+            return jnp.broadcast_to(x[:, None], (x.shape[0], group, *x.shape[1:])).reshape(
+                batch, *x.shape[1:]
+            )
+
+        position = jnp.arange(length)
+        heads = tokens.reshape(batch // group, group, length)[:, 0, :shared]
+        rest = tokens[:, shared:]
+        head_positions = jnp.broadcast_to(position[:shared], heads.shape)
+        rest_positions = jnp.broadcast_to(position[shared:], rest.shape)
+        head_mask = (position[:shared, None] >= position[None, :shared])[None]
+        rest_mask = (position[shared:, None] >= position[None, :])[None]
+
+        def through(layer, head, tail):
+            head, (keys, values) = layer(head, head_positions, head_mask)
+            tail, _ = layer(tail, rest_positions, rest_mask, prefix=(spread(keys), spread(values)))
+            return head, tail
+
+        if remat:
+            through = nnx.remat(through)
+        head, tail = self.embed_tokens(heads), self.embed_tokens(rest)
+        for layer in self.layers:
+            head, tail = through(layer, head, tail)
+        return self.norm(jnp.concatenate([spread(head), tail], axis=1))
 
     def unembedding(self) -> tuple[jax.Array, str]:
         """The output projection's weights and the einsum pattern applying them to hidden states.

@@ -211,11 +211,14 @@ def policy_outputs(
     entropy: bool = False,
     logit_chunk: int = 0,
     remat: bool = False,
+    group: int = 1,
+    shared: int = 0,
 ) -> PolicyOutputs:
     """`PolicyOutputs` of `model` on `tokens`: log-probs, values and entropy when asked.
 
     `logit_chunk` and `remat` as in `log_probs`; with `logit_chunk` the entropy is computed
-    chunk by chunk too.
+    chunk by chunk too. `shared` > 0 runs the first `shared` positions, the same in each group
+    of `group` adjacent rows, once per group (`Policy.hidden`); none of them changes the result.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -226,7 +229,7 @@ def policy_outputs(
       >>> outputs.log_probs.shape, outputs.values
       ((1, 4), None)
     """
-    hidden = model.hidden(tokens, segments, remat=remat)
+    hidden = model.hidden(tokens, segments, remat=remat, group=group, shared=shared)
     return PolicyOutputs(
         _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk),
         _values_of_hidden(model, hidden, mask) if values else None,

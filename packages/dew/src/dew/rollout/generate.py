@@ -71,6 +71,26 @@ def _reward_components(parts: dict[str, np.ndarray]) -> np.ndarray | None:
     return np.stack(columns, axis=1).astype(np.float32)
 
 
+def _shared_prefix(prompt_mask: np.ndarray, group: int) -> int:
+    """The positions every group's rows hold in common: its shortest prompt, bucketed; 0 alone.
+
+    A group's rows repeat one prompt, so its first tokens are the same in each. Up to 8 the
+    shortest prompt's length is taken as it is and above it is rounded down to a multiple of 8:
+    `Batch.shared_prefix` is static, so a task of varied prompt lengths compiles the update for
+    a few values, not for every length. 0 for groups of one, which share nothing.
+
+    Examples:
+      >>> _shared_prefix(np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool), 2)
+      2
+      >>> _shared_prefix(np.ones((2, 30), bool), 2), _shared_prefix(np.ones((2, 30), bool), 1)
+      (24, 0)
+    """
+    if group < 2 or not len(prompt_mask):
+        return 0
+    shortest = int(prompt_mask.sum(axis=1).min())
+    return shortest if shortest <= 8 else shortest - shortest % 8
+
+
 class Rollout(NamedTuple):
     """A scored batch and its host-side copies.
 
@@ -174,6 +194,7 @@ def rollout(
         group=group,
         reward_components=components,
         reward_weights=weights,
+        shared_prefix=_shared_prefix(prompt_mask, group),
     )
     return Rollout(
         batch,

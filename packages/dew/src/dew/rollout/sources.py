@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.batch import Batch
-from dew.rollout.generate import Rollout, _reward_components
+from dew.rollout.generate import Rollout, _reward_components, _shared_prefix
 from dew.rollout.prompter import Prompter, Prompts
 
 __all__ = [
@@ -222,8 +222,8 @@ def _take_groups(
       ((4, 9), 2)
       >>> bool((batch.tokens[:2] == parts[1].tokens[:2]).all())
       True
-      >>> batch.reward_components.shape, batch.reward_weights
-      ((4, 1), (1.0,))
+      >>> batch.reward_components.shape, batch.reward_weights, batch.shared_prefix
+      ((4, 1), (1.0,), 5)
       >>> bool((batch.tokens[2:] == parts[0].tokens[2:]).all())
       True
     """
@@ -248,6 +248,7 @@ def _take_groups(
         group=group,
         reward_components=reward_components,
         reward_weights=parts[0].reward_weights,
+        shared_prefix=_shared_prefix(arrays[1], group),
     )
 
 

@@ -119,7 +119,8 @@ def _outputs_of(
 
     `frozen` holds the parameters the optimizer does not train (a LoRA run's base weights);
     `memory` chooses chunked log-probs and per-layer remat, `packing` runs the policy on the
-    chains packed into fewer rows (`dew.train._packing`); none of them changes the result. Every
+    chains packed into fewer rows (`dew.train._packing`), and an unpacked batch's
+    `shared_prefix` runs once per group; none of them changes the result. Every
     weight is cast to `compute_dtype` first (`dew.train._precision`).
 
     Examples:
@@ -134,7 +135,7 @@ def _outputs_of(
     parts = (params, frozen) if frozen else (params,)
     model = nnx.merge(graphdef, *cast_floating(parts, compute_dtype))
 
-    def run(tokens, mask, segments):
+    def run(tokens, mask, segments, shared=0):
         return policy_outputs(
             model,
             tokens,
@@ -144,11 +145,14 @@ def _outputs_of(
             entropy=entropy,
             logit_chunk=memory.logit_chunk,
             remat=memory.remat,
+            group=batch.group,
+            shared=shared,
         )
 
     if packing is not None:
         return packed_outputs(run, batch, packing)
-    return run(batch.tokens, batch.completion_mask, batch.segments)
+    shared = batch.shared_prefix if batch.segments is None else 0
+    return run(batch.tokens, batch.completion_mask, batch.segments, shared)
 
 
 def _rollout_fields(
