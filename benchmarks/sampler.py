@@ -7,8 +7,9 @@ Run by hand from the repository root:
 On the default job's shapes (the `default` model, 32 prompts x group 8 of the `reverse` task,
 its 4-token completion budget) it times, each jitted, warm, and in turns:
 
-- `floor`: the model's passes alone: one prefill of every prompt into the KV cache, then one
-  decode pass per further token, every row fed the same token (no sampling, no early stop);
+- `floor`: the model's passes alone: one prefill of each prompt into the KV cache (once per
+  group, as the sampler does), then one decode pass of every row per further token, every row
+  fed the same token (no sampling, no early stop);
 - `sampler`: `dew.sampling.sample_state`, the compiled sampler `dew train` runs (the passes, plus
   drawing each token, writing it, and stopping when every row has drawn EOS);
 - `rollout`: `dew.rollout.rollout`, what a training step's sampling costs: prompts padded and
@@ -43,18 +44,25 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "sampler.json"
 
 
-def floor_passes(graphdef, params, prompts, max_new_tokens: int) -> jax.Array:
-    """The logits of a prefill and `max_new_tokens - 1` decode passes: the sampler's floor."""
+def floor_passes(graphdef, params, prompts, max_new_tokens: int, group: int) -> jax.Array:
+    """The logits of a prefill of each prompt and `max_new_tokens - 1` decode passes of each row.
+
+    The sampler's floor: every prompt (the first of each `group` rows) prefilled once, each row
+    decoding from its copy of its prompt's cache.
+    """
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
-    logits, cache = model.prefill(prompts, model.init_cache(batch, width + max_new_tokens))
+    heads = prompts[::group]
+    logits, cache = model.prefill(heads, model.init_cache(len(heads), width + max_new_tokens))
+    cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), cache)
     fed = prompts[:, -1:]
 
     def step(i, carry):
         _, cache = carry
         return model.decode(fed, jnp.full((batch,), width + i, jnp.int32), cache)
 
-    logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, (logits[:, -1:], cache))
+    first = jnp.repeat(logits[:, -1:], group, axis=0)
+    logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, (first, cache))
     return logits
 
 
@@ -89,9 +97,9 @@ def main() -> None:
     padded = jnp.asarray(padded)
     new = prompter.max_new_tokens
     key = jax.random.key(0)
-    floor = jax.jit(floor_passes, static_argnums=(0, 3))
+    floor = jax.jit(floor_passes, static_argnums=(0, 3, 4))
     calls = {
-        "floor": lambda: floor(graphdef, params, padded, new),
+        "floor": lambda: floor(graphdef, params, padded, new, group),
         "sampler": lambda: sample_state(
             graphdef,
             params,
@@ -101,6 +109,7 @@ def main() -> None:
             max_new_tokens=new,
             eos_id=prompter.stop_id,
             pad_id=prompter.pad_id,
+            group=group,
         ),
         "rollout": lambda: rollout(graphdef, params, prompter, prompts, group, key).batch,
     }

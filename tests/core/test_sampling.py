@@ -6,13 +6,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from dew._traces import TRACES
 from dew.models.llama import build
 from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
 from dew.rollout.generate import _pad_prompts
-from dew.sampling import _sampling_log_probs, sample
+from dew.sampling import _sampling_log_probs, sample, sample_state
 
 EOS, PAD = 2, 0
 MODEL = build(SIZES["tiny"], 0)
@@ -174,3 +175,34 @@ def test_a_prompt_past_the_context_is_refused():
     padded, lengths, _ = prompts_and_lengths(rows=2)
     with pytest.raises(ValueError, match="exceeds the model's context of 8"):
         sample(small, padded, lengths, jax.random.key(0), max_new_tokens=3, eos_id=EOS)
+
+
+def test_a_groups_prompt_prefilled_once_samples_what_every_rows_prefill_does(eos_prone_model):
+    padded, lengths, _ = prompts_and_lengths(rows=16)
+    padded, lengths = jnp.repeat(padded, 4, axis=0), jnp.repeat(lengths, 4)  # groups of 4
+    graphdef, params = nnx.split(eos_prone_model)
+    settings = {"max_new_tokens": 7, "eos_id": EOS, "pad_id": PAD}
+    each, once = (
+        sample_state(graphdef, params, padded, lengths, jax.random.key(1), group=g, **settings)
+        for g in (1, 4)
+    )
+    np.testing.assert_array_equal(once.tokens, each.tokens)
+    np.testing.assert_array_equal(once.completion_mask, each.completion_mask)
+    np.testing.assert_allclose(once.behavior_log_probs, each.behavior_log_probs, atol=1e-6)
+    assert len({tuple(row) for row in np.asarray(once.tokens[:4])}) > 1  # rows drew apart
+
+
+def test_a_group_that_does_not_divide_the_rows_is_an_error():
+    padded, lengths, _ = prompts_and_lengths(rows=6)
+    graphdef, params = nnx.split(MODEL)
+    with pytest.raises(ValueError, match=r"group \(4\) must be at least 1 and divide the 6 rows"):
+        sample_state(
+            graphdef,
+            params,
+            padded,
+            lengths,
+            jax.random.key(1),
+            max_new_tokens=2,
+            eos_id=EOS,
+            group=4,
+        )

@@ -91,6 +91,7 @@ def _choose(logits, key, temperature, top_p):
         "eos_id",
         "pad_id",
         "kv_cache",
+        "group",
     ),
 )
 def sample_state(
@@ -106,8 +107,14 @@ def sample_state(
     eos_id: int,
     pad_id: int = 0,
     kv_cache: bool = True,
+    group: int = 1,
 ) -> Samples:
-    """`sample` on a model split into `graphdef` and `params` (`nnx.split`), compiled once."""
+    """`sample` on a model split into `graphdef` and `params` (`nnx.split`), compiled once.
+
+    `group` > 1 says the rows come in groups of `group` adjacent rows with the same prompt (a
+    rollout's): the KV-cache prefill then runs once per group and each row decodes from its
+    group's cache.
+    """
     count_trace("sample")
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
@@ -118,6 +125,8 @@ def sample_state(
             f"a prompt width of {width} plus max_new_tokens {max_new_tokens} exceeds the model's "
             f"context of {context} positions (max_position_embeddings)"
         )
+    if group < 1 or batch % group:
+        raise ValueError(f"group ({group}) must be at least 1 and divide the {batch} rows")
     rows = jnp.arange(batch)
     position = jnp.arange(length)
     prompt_mask = position[None, :] < prompt_lengths[:, None]
@@ -125,7 +134,9 @@ def sample_state(
     tokens = jnp.where(prompt_mask, tokens, pad_id)
     last = prompt_lengths - 1  # each row's last prompt position
     if kv_cache:
-        logits, cache = model.prefill(prompts, model.init_cache(batch, length))
+        heads = prompts.reshape(batch // group, group, width)[:, 0]
+        logits, cache = model.prefill(heads, model.init_cache(batch // group, length))
+        logits, cache = jax.tree.map(functools.partial(_spread, group=group), (logits, cache))
     else:
         logits, cache = model(tokens), ()
     logits = logits[rows, last]
@@ -162,6 +173,16 @@ def sample_state(
         more, step, (jnp.int32(1), *first, cache)
     )
     return Samples(tokens, prompt_mask, completion, behavior)
+
+
+def _spread(x: jax.Array, group: int) -> jax.Array:
+    """`x` `[G, ...]` with each entry repeated on `group` adjacent rows: `[G * group, ...]`.
+
+    Examples:
+      >>> _spread(jnp.array([1, 2]), 2)
+      Array([1, 1, 2, 2], dtype=int32)
+    """
+    return jnp.broadcast_to(x[:, None], (x.shape[0], group, *x.shape[1:])).reshape(-1, *x.shape[1:])
 
 
 def sample(

@@ -172,6 +172,7 @@ def rollout(
         eos_id=prompter.stop_id,
         pad_id=prompter.pad_id,
         kv_cache=kv_cache,
+        group=group,
     )
     tokens, prompt_mask, completion_mask, behavior = to_host(
         (samples.tokens, samples.prompt_mask, samples.completion_mask, samples.behavior_log_probs)
