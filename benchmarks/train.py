@@ -130,10 +130,10 @@ def summarise(raw: dict) -> dict:
 
 
 def commit(repo: Path) -> str:
-    """The short hash of `repo`'s HEAD, with `+changes` when tracked files differ from it."""
+    """The short hash of `repo`'s HEAD, with `+changes` when tracked files (not results) differ."""
     git = ["git", "-C", str(repo)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    status = [*git, "status", "--porcelain", "--untracked-files=no"]
+    status = [*git, "status", "--porcelain", "--untracked-files=no", "--", ":!benchmarks/results"]
     changed = subprocess.run(status, capture_output=True, text=True).stdout.strip()
     return head.stdout.strip() + ("+changes" if changed else "")
 

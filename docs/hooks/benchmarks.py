@@ -124,6 +124,7 @@ def train_table() -> str:
     rows = [
         ["commit", *(f"`{commit}`" for _, commit, _ in columns)],
         ["seeds", *(", ".join(str(run["seed"]) for run in runs) for runs in columns.values())],
+        ["steps per run", *(str(max(run["steps"] for run in runs)) for runs in columns.values())],
     ]
     for name, figure, *form in TRAIN_ROWS:
         rows.append([name, *(spread(list(map(figure, runs)), *form) for runs in columns.values())])
