@@ -21,8 +21,9 @@ set-up, compilation and sampling are included), steady seconds per step (the med
 duration after the first), steps to mean reward 0.9, the final reward (mean of the last ten steps'
 mean rewards), and the child's peak RSS. A step is one rollout of `prompts x group` completions and
 the optimizer steps on it; the mean reward is that rollout's. Writes `--results` (JSON) and prints
-each run and the Dew/TRL ratios of the medians. The results record the versions of JAX, torch,
-transformers and TRL (checked with torch 2.13.0 CPU, transformers 5.24.0, TRL 1.16.0).
+each run and the Dew/TRL ratios of the medians (the time to 0.9's over the seeds that reached it).
+The results record the versions of JAX, torch, transformers and TRL (checked with torch 2.13.0
+CPU, transformers 5.24.0, TRL 1.16.0).
 
 Matched: the task's prompts, in order (`numpy.random.default_rng([seed, step])`, fed to TRL
 unshuffled); the digit vocabulary (a `PreTrainedTokenizerFast` over Dew's symbols); the reward
@@ -514,8 +515,31 @@ def _median(runs: list[dict], figure) -> float | None:
     return None if any(v is None for v in values) else statistics.median(values)
 
 
+def _reached_ratio(dew: list[dict], trl: list[dict]) -> str:
+    """Dew/TRL of the median time to 0.9 over the seeds that reached it, with how many did.
+
+    Examples:
+      >>> hit = lambda s: {"time_to_0.9": None if s is None else {"step": 1, "seconds": s}}
+      >>> _reached_ratio([hit(10.0), hit(12.0)], [hit(20.0), hit(None), hit(24.0)])
+      '0.50 (2/2, 2/3)'
+      >>> _reached_ratio([hit(10.0)], [hit(None)])
+      '- (1/1, 0/1)'
+    """
+    medians, counts = [], []
+    for runs in (dew, trl):
+        hits = [t for t in map(FIGURES["t(0.9)"], runs) if t is not None]
+        medians.append(statistics.median(hits) if hits else None)
+        counts.append(f"{len(hits)}/{len(runs)}")
+    a, b = medians
+    return ("-" if a is None or not b else f"{a / b:.2f}") + f" ({', '.join(counts)})"
+
+
 def ratios(runs: list[dict]) -> str:
-    """The Dew/TRL ratio of the medians of each figure, for every pair of configurations."""
+    """The Dew/TRL ratio of the medians of each figure, for every pair of configurations.
+
+    The time to 0.9 takes each side's median over the seeds that reached it, and says how many
+    did (Dew's count first).
+    """
     names = list(dict.fromkeys(run["name"] for run in runs))
     dews = [n for n in names if n.startswith("dew")]
     trls = [n for n in names if n.startswith("trl")]
@@ -523,12 +547,17 @@ def ratios(runs: list[dict]) -> str:
     for dew in dews:
         for trl in trls:
             row = [f"{dew} / {trl}"]
-            for figure in FIGURES.values():
-                a = _median([r for r in runs if r["name"] == dew], figure)
-                b = _median([r for r in runs if r["name"] == trl], figure)
+            dew_runs = [r for r in runs if r["name"] == dew]
+            trl_runs = [r for r in runs if r["name"] == trl]
+            for name, figure in FIGURES.items():
+                if name == "t(0.9)":
+                    row.append(_reached_ratio(dew_runs, trl_runs))
+                    continue
+                a, b = _median(dew_runs, figure), _median(trl_runs, figure)
                 row.append("-" if a is None or b is None or not b else f"{a / b:.2f}")
             cells.append(row)
-    return _lines(cells)
+    note = "t(0.9): each side's median over the seeds that reached 0.9 (how many: Dew's, TRL's)"
+    return _lines(cells) + "\n" + note
 
 
 def main() -> None:

@@ -79,3 +79,9 @@ def test_the_trl_comparison_scores_token_ids_as_dew_does():
         completion = rng.integers(0, 15, size=int(rng.integers(1, 5))).tolist()
         completion = completion if rng.random() < 0.7 else answer[: len(completion)]
         assert trl_grpo.credit(completion, answer, 2) == position_credit(answer, completion, 2)
+
+
+def test_the_training_benchmark_reads_its_figures_off_the_metrics_rows():
+    train = _load(SCRIPT.parent / "train.py")
+    checked = doctest.testmod(train)
+    assert checked.attempted and not checked.failed

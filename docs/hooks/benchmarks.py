@@ -11,6 +11,7 @@ measured, not what someone typed. The prose around the tables quotes the same fi
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -84,32 +85,50 @@ def gae_tunix_table() -> str:
     return markdown_table(header, rows)
 
 
+def spread(values: list, form: str, unit: str = "") -> str:
+    """`median unit (min-max)` of the values that are not None, and how many when some are."""
+    got = sorted(v for v in values if v is not None)
+    if not got:
+        return "not reached"
+    text = f"{statistics.median(got):{form}}{unit}"
+    if len(got) > 1:
+        text += f" ({got[0]:{form}}\u2013{got[-1]:{form}})"
+    return text + (f", {len(got)}/{len(values)} seeds" if len(got) < len(values) else "")
+
+
+def _reached(level: str, key: str):
+    """The figure `key` (seconds or step) of a run's first step at mean reward `level`, or None."""
+    return lambda run: (run[f"time_to_{level}"] or {}).get(key)
+
+
+LEVELS = ("0.5", "0.9", "0.95")
+# The train table's rows: name, the figure of one run, its format and unit.
+TRAIN_ROWS = [
+    *((f"time to mean reward {v}", _reached(v, "seconds"), ".1f", " s") for v in LEVELS),
+    ("steps to mean reward 0.9", _reached("0.9", "step"), ".0f"),
+    ("seconds per step (wall)", lambda run: run["step_s"], ".3f", " s"),
+    ("rollout per step", lambda run: 1e3 * run["rollout_s"], ".0f", " ms"),
+    ("update per step", lambda run: 1e3 * run["update_s"], ".0f", " ms"),
+    ("first step, compile included", lambda run: run["first_step_s"], ".1f", " s"),
+    ("final mean reward", lambda run: run["final_reward"], ".3f"),
+    ("peak memory (RSS)", lambda run: run["peak_rss_mib"], ".0f", " MiB"),
+]
+
+
 def train_table() -> str:
-    """The default `dew train` job, one column per configuration the script ran."""
-    runs = load("train")["runs"]
-    names = [
-        "KV cache " + ("off" if run["options"].get("kv_cache") is False else "on") for run in runs
+    """The default `dew train` job: one column per label and cache setting, medians over seeds."""
+    columns = {}
+    for label, record in load("train")["labels"].items():
+        for run in record["runs"]:
+            columns.setdefault((label, record["commit"], run["cache"]), []).append(run)
+    rows = [
+        ["commit", *(f"`{commit}`" for _, commit, _ in columns)],
+        ["seeds", *(", ".join(str(run["seed"]) for run in runs) for runs in columns.values())],
+        ["steps per run", *(str(max(run["steps"] for run in runs)) for runs in columns.values())],
     ]
-
-    def reached(run, level):
-        hit = run[f"time_to_{level}"]
-        return f"{hit['seconds']:.1f} s (step {hit['step']})" if hit else "not reached"
-
-    measures = [
-        ("wall time, compile included", lambda r: f"{r['wall_s']:.1f} s"),
-        ("first step (compile)", lambda r: f"{r['first_step_s']:.1f} s"),
-        ("rollout per step", lambda r: f"{1e3 * r['rollout_s']:.0f} ms"),
-        ("update per step", lambda r: f"{1e3 * r['update_s']:.0f} ms"),
-        ("steps/s", lambda r: f"{r['steps_per_s']:.1f}"),
-        ("sampler tokens/s", lambda r: f"{r['sampler_tokens_per_s']:,.0f}"),
-        ("time to mean reward 0.9", lambda r: reached(r, "0.9")),
-        ("time to mean reward 0.95", lambda r: reached(r, "0.95")),
-        ("final mean reward", lambda r: f"{r['final_reward']:.3f}"),
-        ("greedy reward", lambda r: f"{r['greedy_reward']:.3f}"),
-        ("peak memory (RSS)", lambda r: f"{r['peak_rss_mib']:.0f} MiB"),
-    ]
-    rows = [[label, *(measure(run) for run in runs)] for label, measure in measures]
-    return markdown_table(["", *names], rows)
+    for name, figure, *form in TRAIN_ROWS:
+        rows.append([name, *(spread(list(map(figure, runs)), *form) for runs in columns.values())])
+    return markdown_table(["", *(f"{label}, cache {cache}" for label, _, cache in columns)], rows)
 
 
 def smollm2_table(name: str) -> str:
@@ -259,7 +278,8 @@ def trl_grpo_table() -> str:
 
 def machine_table() -> str:
     """Where each script last ran, as the scripts recorded it."""
-    math, train = load("rl_math")["machine"], load("train")["machine"]
+    math = load("rl_math")["machine"]
+    train = max(load("train")["labels"].values(), key=lambda record: record["recorded"])["machine"]
     tunix = load("gae_tunix")["machine"]
     rows = [
         [
