@@ -32,6 +32,7 @@ from dew.rollout import Prompter, Prompts, Rollout, StepRollout, rollout
 from dew.tasks import Task
 from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
+from dew.train._heap import release_freed
 from dew.train._precision import cast_floating
 from dew.train.callbacks import (
     Callback,
@@ -272,6 +273,7 @@ class Trainer:
                 f"{self.checkpoints.directory}: {error.strerror or error}; {self._kept()}"
             ) from error
         self.saved = self.step
+        release_freed()
 
     def _kept(self) -> str:
         if self.saved is None:
@@ -403,15 +405,19 @@ class Trainer:
         """Step to `--steps`; the metrics rows of the whole run (resumed ones included)."""
         for callback in self.callbacks:
             callback.on_start(self)
+        first = self.step + 1
         try:
-            for step in range(self.step + 1, self.config.run.steps + 1):
+            for step in range(first, self.config.run.steps + 1):
                 row = self.train_step(step)
+                if step == first:
+                    release_freed()  # what compiling the first step freed
                 finite = row.pop("finite")
                 self._record(row)
                 self._check({**row, "finite": finite})
                 for callback in self.callbacks:
                     callback.on_step(self, row)
         finally:
+            release_freed()  # before the end's plot and evaluation add theirs
             for callback in self.callbacks:
                 callback.on_end(self)
             self.checkpoints.close()
