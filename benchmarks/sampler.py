@@ -12,6 +12,8 @@ its 4-token completion budget) it times, each jitted, warm, and in turns:
   fed the same token (no sampling, no early stop);
 - `sampler`: `dew.sampling.sample_state`, the compiled sampler `dew train` runs (the passes, plus
   drawing each token, writing it, and stopping when every row has drawn EOS);
+- `sampler, every row prefilled`: the same sampler told nothing of the groups (`group=1`), so
+  it prefills each row's copy of its prompt, as it did before it shared the prefill;
 - `rollout`: `dew.rollout.rollout`, what a training step's sampling costs: prompts padded and
   placed, the sampler, the copy to the host and the task's reward on every completion.
 
@@ -111,6 +113,16 @@ def main() -> None:
             pad_id=prompter.pad_id,
             group=group,
         ),
+        "sampler, every row prefilled": lambda: sample_state(
+            graphdef,
+            params,
+            padded,
+            lengths,
+            key,
+            max_new_tokens=new,
+            eos_id=prompter.stop_id,
+            pad_id=prompter.pad_id,
+        ),
         "rollout": lambda: rollout(graphdef, params, prompter, prompts, group, key).batch,
     }
     seconds = {name: [] for name in calls}
@@ -133,10 +145,10 @@ def main() -> None:
         f"{len(rows)} rows, prompt width {prompter.width}, {new} new tokens at most, "
         f"{tokens} completion tokens drawn"
     )
-    print(f"{'':8s} {'median ms':>10s} {'x floor':>8s} {'tokens/s':>10s}")
+    print(f"{'':30s} {'median ms':>10s} {'x floor':>8s} {'tokens/s':>10s}")
     for name, median in medians.items():
         print(
-            f"{name:8s} {1e3 * median:10.2f} {median / medians['floor']:8.2f} "
+            f"{name:30s} {1e3 * median:10.2f} {median / medians['floor']:8.2f} "
             f"{tokens / median:10,.0f}"
         )
     machine = {

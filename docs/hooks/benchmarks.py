@@ -3,8 +3,8 @@
 A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- bench: gae_forms -->`,
 `<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
-`<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->` or
-`<!-- bench: trl_grpo -->`; the
+`<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->`,
+`<!-- bench: defaults -->`, `<!-- bench: sampler -->` or `<!-- bench: trl_grpo -->`; the
 hook replaces each with a table of the numbers the scripts last wrote, so the page shows what was
 measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -306,6 +306,61 @@ def machine_table() -> str:
     return markdown_table(header, rows)
 
 
+def defaults_table() -> str:
+    """Each setting `benchmarks/defaults.py` tried for the default job, over its seeds."""
+    summary = load("defaults")["summary"]
+
+    def steps(row) -> str:
+        if not row["reached_0.9"]:
+            return "not reached"
+        low, high = row["min_steps_to_0.9"], row["max_steps_to_0.9"]
+        median = row["median_steps_to_0.9"]
+        text = f"{median}" if median is not None else "-"
+        return text + (f" ({low}\u2013{high})" if low != high else f" ({low})")
+
+    ordered = sorted(summary, key=lambda r: (-r["reached_0.9"], r["median_steps_to_0.9"] or 10**9))
+    rows = [
+        [
+            f"{row['options']['lr']:g}",
+            str(row["options"]["updates_per_rollout"]),
+            str(row["options"]["prompts"]),
+            f"{row['reached_0.9']}/{row['seeds']}",
+            steps(row),
+            f"{row['median_final_reward']:.3f}",
+            f"{row['min_final_reward']:.3f}",
+            f"{row['median_mean_reward']:.3f}",
+        ]
+        for row in ordered
+    ]
+    header = [
+        "lr",
+        "updates per rollout",
+        "prompts",
+        "seeds reaching 0.9",
+        "steps to 0.9: median (range of those reaching it)",
+        "final reward, median",
+        "final reward, lowest",
+        "mean reward over the run",
+    ]
+    return markdown_table(header, rows)
+
+
+def sampler_table() -> str:
+    """The default job's sampler and rollout against the forward passes they cannot avoid."""
+    results = load("sampler")
+    medians, tokens = results["median_s"], results["completion_tokens"]
+    rows = [
+        [
+            name,
+            f"{1e3 * seconds:.2f}",
+            f"{seconds / medians['floor']:.2f}",
+            f"{tokens / seconds:,.0f}",
+        ]
+        for name, seconds in medians.items()
+    ]
+    return markdown_table(["", "median ms", "x floor", "completion tokens/s"], rows)
+
+
 def expand(match: re.Match) -> str:
     table = match["table"]
     if table == "machine":
@@ -318,6 +373,10 @@ def expand(match: re.Match) -> str:
         return gae_tunix_table()
     if table == "train":
         return train_table()
+    if table == "defaults":
+        return defaults_table()
+    if table == "sampler":
+        return sampler_table()
     if table in ("smollm2_arithmetic", "smollm2_lora"):
         return smollm2_table(table)
     if table == "trl_grpo":
