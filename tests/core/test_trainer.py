@@ -1,5 +1,6 @@
 """The trainer: it learns, compiles once, resumes bit-exactly, and stops cleanly on bad input."""
 
+import gc
 import json
 
 import jax
@@ -219,3 +220,18 @@ def test_an_existing_run_is_not_overwritten(tmp_path, reinforce):
         train(small(tmp_path, steps=1), objective=reinforce, quiet=True)
     with pytest.raises(ConfigError, match="not a run folder"):
         train(small(tmp_path / "elsewhere", resume=True), objective=reinforce, quiet=True)
+
+
+def test_the_step_loop_leaves_the_runs_objects_out_of_the_collector_and_hands_them_back(
+    tmp_path, reinforce
+):
+    frozen = []
+    config = small(tmp_path, steps=2)
+    train(
+        config,
+        objective=reinforce,
+        quiet=True,
+        on_step=lambda *_: frozen.append(gc.get_freeze_count()),
+    )
+    assert all(count > 0 for count in frozen) and len(frozen) == 2
+    assert gc.get_freeze_count() == 0

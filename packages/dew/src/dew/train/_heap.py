@@ -3,6 +3,7 @@
 import ctypes
 import ctypes.util
 import functools
+import gc
 
 
 @functools.cache
@@ -32,3 +33,24 @@ def release_freed() -> bool:
         return False
     trim(0)
     return True
+
+
+def settle() -> None:
+    """Leave every object alive now out of the cyclic collector's passes, until `unsettle`.
+
+    A run keeps the interpreter's modules, its model and its compiled functions to the end:
+    hundreds of thousands of objects that every full collection walks again (0.12-0.23 s each,
+    four times in a default `dew train` here). Frozen (`gc.freeze`) they are skipped.
+
+    Examples:
+      >>> import gc
+      >>> settle(); frozen = gc.get_freeze_count(); unsettle()
+      >>> frozen > 0, gc.get_freeze_count()
+      (True, 0)
+    """
+    gc.freeze()
+
+
+def unsettle() -> None:
+    """Hand the objects `settle` froze back to the collector (`gc.unfreeze`)."""
+    gc.unfreeze()

@@ -32,7 +32,7 @@ from dew.rollout import Prompter, Prompts, Rollout, StepRollout, rollout
 from dew.tasks import Task
 from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
-from dew.train._heap import release_freed
+from dew.train._heap import release_freed, settle, unsettle
 from dew.train._precision import cast_floating
 from dew.train.callbacks import (
     Callback,
@@ -406,17 +406,20 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_start(self)
         first = self.step + 1
+        settle()
         try:
             for step in range(first, self.config.run.steps + 1):
                 row = self.train_step(step)
                 if step == first:
                     release_freed()  # what compiling the first step freed
+                    settle()  # and what it keeps
                 finite = row.pop("finite")
                 self._record(row)
                 self._check({**row, "finite": finite})
                 for callback in self.callbacks:
                     callback.on_step(self, row)
         finally:
+            unsettle()
             release_freed()  # before the end's plot and evaluation add theirs
             for callback in self.callbacks:
                 callback.on_end(self)
