@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dew._traces import count_trace
-from dew.models.llama import Policy
+from dew.models.llama import Policy, _spread
 
 __all__ = [
     "Samples",
@@ -173,16 +173,6 @@ def sample_state(
         more, step, (jnp.int32(1), *first, cache)
     )
     return Samples(tokens, prompt_mask, completion, behavior)
-
-
-def _spread(x: jax.Array, group: int) -> jax.Array:
-    """`x` `[G, ...]` with each entry repeated on `group` adjacent rows: `[G * group, ...]`.
-
-    Examples:
-      >>> _spread(jnp.array([1, 2]), 2)
-      Array([1, 1, 2, 2], dtype=int32)
-    """
-    return jnp.broadcast_to(x[:, None], (x.shape[0], group, *x.shape[1:])).reshape(-1, *x.shape[1:])
 
 
 def sample(

@@ -17,6 +17,7 @@ the sampler's loop stays a pure function under `jit`.
 """
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -352,11 +353,7 @@ class Policy(nnx.Module):
                 f"{shared} tokens (need 0 < shared < {length})"
             )
 
-        def spread(x):  # [B / group, ...] -> [B, ...], each group's entry on its rows
-            return jnp.broadcast_to(x[:, None], (x.shape[0], group, *x.shape[1:])).reshape(
-                batch, *x.shape[1:]
-            )
-
+        spread = functools.partial(_spread, group=group)
         position = jnp.arange(length)
         heads = tokens.reshape(batch // group, group, length)[:, 0, :shared]
         rest = tokens[:, shared:]
@@ -445,6 +442,16 @@ class Policy(nnx.Module):
             x, layer_cache = layer(x, positions, mask, layer_cache)
             new_cache.append(layer_cache)
         return self.unembed(self.norm(x)), tuple(new_cache)
+
+
+def _spread(x: jax.Array, group: int) -> jax.Array:
+    """`x` `[G, ...]` with each entry repeated on `group` adjacent rows: `[G * group, ...]`.
+
+    Examples:
+      >>> _spread(jnp.array([1, 2]), 2)
+      Array([1, 1, 2, 2], dtype=int32)
+    """
+    return jnp.broadcast_to(x[:, None], (x.shape[0], group, *x.shape[1:])).reshape(-1, *x.shape[1:])
 
 
 def _unembed_with(weights: jax.Array, pattern: str, hidden: jax.Array) -> jax.Array:
