@@ -88,6 +88,21 @@ def test_an_out_under_a_file_is_refused(capsys, tmp_path):
     assert "is a file, not a folder" in err
 
 
+def test_preparing_the_checkpoints_imports_orbax_off_the_calling_thread(tmp_path):
+    code = (
+        "import sys, threading; from dew.train.checkpoint import Checkpoints; "
+        f"checkpoints = Checkpoints({str(tmp_path)!r}); "
+        "before = 'orbax.checkpoint' in sys.modules; "
+        "checkpoints.prepare(); "
+        "[t.join() for t in threading.enumerate() if t.name == 'dew-import-orbax']; "
+        "print(before, 'orbax.checkpoint' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]
+
+
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(capsys, tmp_path):
     run = tmp_path / "run"
     first = train(small(run), quiet=True)

@@ -61,8 +61,7 @@ def _entropy(logits: jax.Array, targets: jax.Array | None = None) -> jax.Array:
 
 def _aligned(picked: jax.Array, mask: jax.Array) -> jax.Array:
     """`[B, T - 1]` next-token log-probs shifted onto their tokens: 0 at t = 0 and off `mask`."""
-    picked = jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)
-    return jnp.where(mask, picked, 0.0)
+    return jnp.where(mask, jnp.pad(picked, ((0, 0), (1, 0))), 0.0)
 
 
 def token_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
@@ -100,18 +99,19 @@ def chunked_token_log_probs(
       True
     """
     _check_mask(tokens, mask)
-    return _aligned(_over_chunks(model, hidden, tokens, chunk, _picked), mask)
+    return _aligned(_over_chunks(model, hidden[:, :-1], tokens, chunk, _picked), mask)
 
 
-def _over_chunks(model: Policy, hidden: jax.Array, tokens: jax.Array, chunk: int, per_token):
-    """`[B, T - 1]` `per_token(logits, next_tokens)`, unembedding `chunk` positions at a time."""
+def _over_chunks(model: Policy, states: jax.Array, tokens: jax.Array, chunk: int, per_token):
+    """`[B, T - 1]` `per_token(logits, next_tokens)` of the predicting `states` `[B, T - 1, H]`,
+    unembedding `chunk` positions at a time."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     weights, pattern = model.unembedding()
     rows, steps = tokens.shape[0], tokens.shape[1] - 1
     count = -(-steps // chunk)
     pad = count * chunk - steps
-    states = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0)))
+    states = jnp.pad(states, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
     states = states.reshape(rows, count, chunk, -1).swapaxes(0, 1)
     targets = targets.reshape(rows, count, chunk).swapaxes(0, 1)
@@ -124,24 +124,42 @@ def _over_chunks(model: Policy, hidden: jax.Array, tokens: jax.Array, chunk: int
     return picked.swapaxes(0, 1).reshape(rows, count * chunk)[:, :steps]
 
 
-def _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk: int) -> jax.Array:
+def _predicting_states(
+    model: Policy,
+    tokens: jax.Array,
+    segments: jax.Array | None,
+    *,
+    remat: bool,
+    group: int = 1,
+    shared: int = 0,
+) -> jax.Array:
+    """`[B, T - 1, H]` hidden states of every position but the last: those that predict a token.
+
+    The pass is causal, so leaving the last token out changes none of these states; its own
+    state would predict past the row and is never read.
+    """
+    length = tokens.shape[1] - 1
+    cut = None if segments is None else segments[:, :length]
+    shared = shared if shared < length else length - 1
+    return model.hidden(tokens[:, :length], cut, remat=remat, group=group, shared=max(shared, 0))
+
+
+def _log_probs_of_states(model, states, tokens, mask, logit_chunk: int) -> jax.Array:
     if logit_chunk:
-        return chunked_token_log_probs(model, hidden, tokens, mask, logit_chunk)
-    return token_log_probs(model.unembed(hidden), tokens, mask)
+        return _aligned(_over_chunks(model, states, tokens, logit_chunk, _picked), mask)
+    return _aligned(_picked(model.unembed(states), tokens[:, 1:]), mask)
 
 
-def _entropy_of_hidden(model, hidden, tokens, mask, logit_chunk: int) -> jax.Array:
+def _entropy_of_states(model, states, tokens, mask, logit_chunk: int) -> jax.Array:
     """`[B, T]` entropy of the distribution token t was drawn from, aligned as the log-probs."""
     if logit_chunk:
-        return _aligned(_over_chunks(model, hidden, tokens, logit_chunk, _entropy), mask)
-    return _aligned(_entropy(model.unembed(hidden)[:, :-1]), mask)
+        return _aligned(_over_chunks(model, states, tokens, logit_chunk, _entropy), mask)
+    return _aligned(_entropy(model.unembed(states)), mask)
 
 
-def _values_of_hidden(model, hidden, mask) -> jax.Array:
+def _values_of_states(model, states, mask) -> jax.Array:
     """`[B, T]` value-head predictions, entry t from position t - 1; 0 at t = 0 and off mask."""
-    values = model.values(hidden)
-    values = jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
-    return jnp.where(mask, values, 0.0)
+    return jnp.where(mask, jnp.pad(model.values(states), ((0, 0), (1, 0))), 0.0)
 
 
 def log_probs(
@@ -168,8 +186,9 @@ def log_probs(
       >>> log_probs(model, tokens, tokens > 4).shape
       (1, 4)
     """
-    hidden = model.hidden(tokens, segments, remat=remat)
-    return _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk)
+    _check_mask(tokens, mask)
+    states = _predicting_states(model, tokens, segments, remat=remat)
+    return _log_probs_of_states(model, states, tokens, mask, logit_chunk)
 
 
 def log_probs_and_values(
@@ -196,9 +215,10 @@ def log_probs_and_values(
       >>> token_lp.shape, values  # the value head starts at zero
       ((1, 4), Array([[0., 0., 0., 0.]], dtype=float32))
     """
-    hidden = model.hidden(tokens, segments, remat=remat)
-    values = _values_of_hidden(model, hidden, mask)
-    return _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk), values
+    _check_mask(tokens, mask)
+    states = _predicting_states(model, tokens, segments, remat=remat)
+    values = _values_of_states(model, states, mask)
+    return _log_probs_of_states(model, states, tokens, mask, logit_chunk), values
 
 
 def policy_outputs(
@@ -229,9 +249,10 @@ def policy_outputs(
       >>> outputs.log_probs.shape, outputs.values
       ((1, 4), None)
     """
-    hidden = model.hidden(tokens, segments, remat=remat, group=group, shared=shared)
+    _check_mask(tokens, mask)
+    states = _predicting_states(model, tokens, segments, remat=remat, group=group, shared=shared)
     return PolicyOutputs(
-        _log_probs_of_hidden(model, hidden, tokens, mask, logit_chunk),
-        _values_of_hidden(model, hidden, mask) if values else None,
-        _entropy_of_hidden(model, hidden, tokens, mask, logit_chunk) if entropy else None,
+        _log_probs_of_states(model, states, tokens, mask, logit_chunk),
+        _values_of_states(model, states, mask) if values else None,
+        _entropy_of_states(model, states, tokens, mask, logit_chunk) if entropy else None,
     )

@@ -126,6 +126,14 @@ class Checkpoints:
         )
         return ocp.CheckpointManager(self.directory, options=options)
 
+    def prepare(self) -> None:
+        """Import Orbax on a background thread, so the next save need not wait for the import.
+
+        A run calls this once its first step is done: the steps that follow leave the
+        interpreter idle while the device computes, and the import takes that time instead.
+        """
+        threading.Thread(target=_orbax, name="dew-import-orbax", daemon=True).start()
+
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or None."""
         return self.manager.latest_step()

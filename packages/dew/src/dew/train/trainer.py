@@ -413,6 +413,7 @@ class Trainer:
                 if step == first:
                     release_freed()  # what compiling the first step freed
                     settle()  # and what it keeps
+                    self.checkpoints.prepare()
                 finite = row.pop("finite")
                 self._record(row)
                 self._check({**row, "finite": finite})
