@@ -140,8 +140,8 @@ def _predicting_states(
     """
     length = tokens.shape[1] - 1
     cut = None if segments is None else segments[:, :length]
-    shared = shared if shared < length else length - 1
-    return model.hidden(tokens[:, :length], cut, remat=remat, group=group, shared=max(shared, 0))
+    shared = max(min(shared, length - 1), 0)
+    return model.hidden(tokens[:, :length], cut, remat=remat, group=group, shared=shared)
 
 
 def _log_probs_of_states(model, states, tokens, mask, logit_chunk: int) -> jax.Array:
