@@ -14,7 +14,11 @@ the runs alternate Dew, TRL, Dew, TRL... within each round so that both meet the
 Before the timed runs, a Dew child reads Dew's defaults from `TrainConfig` and the objective,
 exports each seed's initial weights with `dew.hf.save_policy`, draws the prompts, and checks the
 token-id reward below against Dew's own scoring; a TRL child then checks that its model's logits
-agree with Dew's to 1e-5 and that its tokenizer encodes every prompt to Dew's ids.
+agree with Dew's to 1e-5 and that its tokenizer encodes every prompt to Dew's ids. Then one batch
+goes through both trainers' own code: Dew samples and scores a rollout from weights moved off the
+reference and runs its compiled update on it; TRL's `GRPOTrainer` takes the same rows, rewards
+and advantages into its own log-probs, `_compute_loss` and AdamW. The first step's loss and
+gradient must agree to 1e-5 and the weights' moves after the update to 1e-3 (relative norms).
 
 Per run: time to mean reward 0.5 and 0.9 (seconds from the end of the child's imports, so model
 set-up, compilation and sampling are included), steady seconds per step (the median of each step's
@@ -31,21 +35,21 @@ unshuffled); the digit vocabulary (a `PreTrainedTokenizerFast` over Dew's symbol
 model and its initial weights (Dew's checkpoint, read by transformers); group, prompts per step,
 optimizer steps per rollout (TRL's `num_iterations`), the clip epsilons, the dual clip (TRL's
 `delta`, which bounds a negative advantage's loss at the same `delta * |A|`), beta with the k3
-estimator (`use_bias_correction_kl=False`), the token-mean loss (TRL's `bnpo`: one batch, no
-accumulation), AdamW's learning rate, betas, epsilon (1e-8 in both), weight decay, gradient clip and
-warmup schedule, float32, temperature and top-p, the task's completion budget, no gradient
-checkpointing.
+estimator (`use_bias_correction_kl=False`; Dew's default `--kl-bound none` leaves the estimate
+unclamped, as TRL does), the token-mean loss (TRL's `bnpo`: one batch, no accumulation), AdamW's
+learning rate, betas, epsilon (1e-8 in both), weight decay, gradient clip and warmup schedule,
+float32, temperature and top-p, the task's completion budget, no gradient checkpointing.
 
 Not matched: the sampling random streams (JAX's keys against torch's generator, so the runs'
 trajectories differ and steps-to-0.9 is compared as a spread over seeds); the group-deviation
-epsilon (Dew 1e-6, TRL 1e-4); Dew's k3 clamps (log ratio to +-20, estimate to +-10; TRL clamps
-neither); AdamW's weight-decay mask (transformers spares biases and norms, optax decays every
-weight: the same while Dew's default decay is 0); threads (XLA uses every core, torch the
-`--trl-threads` given); Dew's default run also writes its metrics, samples and a checkpoint every
-50 steps, where TRL saves nothing, and after its last step draws its reward plot and measures its
-greedy reward, which no figure here includes. The compile
-cache is Dew's own (a folder made for this benchmark): `off` compiles every program, `warm` runs
-after a short run that filled it, as every `dew train` after the first.
+epsilon (Dew 1e-6, TRL 1e-4; the one-batch check feeds TRL Dew's advantages); Dew's clamp of the
+log ratio in k3 to +-20 (TRL has none; neither acts below 20); AdamW's weight-decay mask
+(transformers spares biases and norms, optax decays every weight: the same while Dew's default
+decay is 0); threads (XLA uses every core, torch the `--trl-threads` given); Dew's default run
+also writes its metrics, samples and a checkpoint every 50 steps, where TRL saves nothing, and
+after its last step draws its reward plot and measures its greedy reward, which no figure here
+includes. The compile cache is Dew's own (a folder made for this benchmark): `off` compiles every
+program, `warm` runs after a short run that filled it, as every `dew train` after the first.
 """
 
 import argparse
@@ -67,6 +71,16 @@ LEVELS = (0.5, 0.9)
 FINAL_STEPS = 10
 REWARD_CHECKS = 512
 LOGIT_TOLERANCE = 1e-5
+CHECK_NOISE = 0.05
+"""The one-batch check's policy: the initial weights plus this times standard normal noise."""
+GRADIENT_TOLERANCE = 1e-5
+"""The one-batch check's loss and gradient gaps to Dew's, relative to Dew's (norms)."""
+UPDATE_TOLERANCE = 1e-3
+"""The one-batch check's gap between the weights' moves in the update, relative to Dew's move.
+
+AdamW's first step divides each gradient entry by its own size, so float32 round-off in an
+entry near 0 moves that weight by up to the learning rate either way: looser than the gradient's.
+"""
 
 
 def credit(completion_ids: list[int], answer_ids: list[int], eos: int) -> float:
@@ -216,8 +230,74 @@ def dew_prepare(spec: dict) -> dict:
         seeds[seed] = {"logits": logits.tolist()}
     settings["probe"] = probe.tolist()
     settings["reward_check"] = _check_reward(prompter, settings, rng)
+    settings["batch_check"] = _one_batch(source, config, objective, prompter, spec, folder)
     settings["seeds"] = seeds
     return settings
+
+
+def _one_batch(source, config, objective, prompter, spec: dict, folder: Path) -> dict:
+    """Dew's side of the one-batch check: a rollout, its first gradient, its update, written.
+
+    The policy is the first seed's initial weights moved by `CHECK_NOISE` (so it differs from
+    the reference, and after the first optimizer step from the rollout's policy too). Writes,
+    under `folder/check`, that policy, the gradient of the objective's loss on its first step,
+    and the weights after `dew train`'s compiled update (all its optimizer steps, fresh AdamW),
+    each as a Hugging Face folder, with the batch's arrays in `batch.npz`.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from dew.hf import save_policy
+    from dew.models.outputs import log_probs, policy_outputs
+    from dew.rollout import rollout
+    from dew.train.update import UpdateSpec, make_update, optimizer
+
+    seed = spec["seeds"][0]
+    reference = source.policy(seed)
+    graphdef, state = nnx.split(reference)
+    reference_params = nnx.to_pure_dict(state)
+    noise = np.random.default_rng(seed)
+    params = jax.tree.map(
+        lambda w: w + CHECK_NOISE * jnp.asarray(noise.normal(size=w.shape), w.dtype),
+        reference_params,
+    )
+
+    def policy(params):
+        merged = nnx.state(nnx.merge(graphdef, state))
+        nnx.replace_by_pure_dict(merged, params)
+        return nnx.merge(graphdef, merged)
+
+    prompts = prompter.draw(np.random.default_rng([seed, 1]), config.rollout.prompts)
+    batch = rollout(
+        graphdef, params, prompter, prompts, config.rollout.group, jax.random.key(seed)
+    ).batch
+    mask = batch.completion_mask
+    prepared = objective.prepare(
+        batch.replace(
+            old_log_probs=log_probs(policy(params), batch.tokens, mask),
+            ref_log_probs=log_probs(reference, batch.tokens, mask),
+        )
+    )
+
+    def loss(params):
+        outputs = policy_outputs(policy(params), batch.tokens, mask)
+        return objective.loss(outputs, prepared)[0]
+
+    value, grads = jax.value_and_grad(loss)(params)
+    update = make_update(UpdateSpec(graphdef, objective, config.optimizer, config.update))
+    fresh = jax.tree.map(jnp.copy, params)  # the update donates its inputs
+    after, _, _ = update(
+        fresh, optimizer(config.optimizer).init(fresh), {}, reference_params, batch
+    )
+    check = folder / "check"
+    for name, tree in (("policy", params), ("grad", grads), ("after", after)):
+        save_policy(policy(tree), check / name)
+    arrays = {"tokens": batch.tokens, "completion_mask": mask, "rewards": batch.rewards}
+    arrays |= {"advantages": prepared.advantages, "old_log_probs": prepared.old_log_probs}
+    np.savez(check / "batch.npz", **{k: np.asarray(v) for k, v in arrays.items()})
+    return {"seed": seed, "prompt_width": prompter.width, "loss": float(value)}
 
 
 def _check_reward(prompter, settings: dict, rng) -> dict:
@@ -312,7 +392,155 @@ def trl_check(spec: dict) -> dict:
     import trl
 
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    return {"max_logit_diff": gaps, "versions": {**versions, "trl": trl.__version__}}
+    return {
+        "max_logit_diff": gaps,
+        "one_batch": _trl_one_batch(spec),
+        "versions": {**versions, "trl": trl.__version__},
+    }
+
+
+def _weights(folder: Path) -> dict:
+    """The tensors of the Hugging Face folder `folder`, by name."""
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def _relative_gap(tensors: dict, expected: dict) -> float:
+    """The norm of `tensors - expected` over the norm of `expected`, over all their tensors."""
+    gap = sum(float((tensors[name] - value).square().sum()) for name, value in expected.items())
+    scale = sum(float(value.square().sum()) for value in expected.values())
+    return (gap / scale) ** 0.5
+
+
+def _trl_one_batch(spec: dict) -> dict:
+    """TRL's side of the one-batch check: its loss, gradient and update on Dew's batch.
+
+    `GRPOTrainer`'s own log-probs (`_get_per_token_logps_and_entropies`), loss
+    (`_compute_loss`) and AdamW (`create_optimizer`) on Dew's rows, rewards and advantages,
+    each step's gradient clipped as `Trainer` clips it. Exits naming the figure past its
+    tolerance: the completion masks (TRL's rule, up to the first EOS), the first step's loss and
+    gradient, and the weights after as many optimizer steps as Dew's update takes.
+    """
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    settings = spec["settings"]
+    batch_check = settings["batch_check"]
+    check = Path(spec["folder"]) / "check"
+    arrays = np.load(check / "batch.npz")
+    width = batch_check["prompt_width"]
+    prompt = torch.tensor(arrays["tokens"][:, :width], dtype=torch.long)
+    completion = torch.tensor(arrays["tokens"][:, width:], dtype=torch.long)
+    mask = torch.tensor(arrays["completion_mask"][:, width:], dtype=torch.long)
+    eos = (completion == settings["eos"]).long()
+    if not torch.equal((eos.cumsum(1) - eos == 0).long(), mask):
+        raise SystemExit("one batch: Dew's completion mask is not TRL's (up to the first EOS)")
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(
+            model=str(check / "policy"),
+            reward_funcs=lambda completions, **_: [0.0] * len(completions),
+            args=_trl_config(settings, out, settings["updates_per_rollout"], 0),
+            train_dataset=Dataset.from_list([{"prompt": "^"}] * settings["group"]),
+            processing_class=digit_tokenizer(settings),
+        )
+    model = trainer.model
+    initial = Path(spec["folder"]) / f"seed{batch_check['seed']}" / "model"
+    weights = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32).state_dict()
+    trainer.ref_model.load_state_dict(weights)
+    trainer.current_gradient_accumulation_steps = 1  # set by `Trainer.train`, not called here
+    ids = torch.cat([prompt, completion], dim=1)
+    attention = torch.cat([torch.ones_like(prompt), mask], dim=1)
+    with torch.no_grad():
+        old, ref = (
+            trainer._get_per_token_logps_and_entropies(m, ids, attention, completion.size(1))[0]
+            for m in (model, trainer.ref_model)
+        )
+    dew_old = torch.tensor(arrays["old_log_probs"][:, width:])
+    inputs = {
+        "prompt_ids": prompt,
+        "prompt_mask": torch.ones_like(prompt),
+        "completion_ids": completion,
+        "completion_mask": mask,
+        "advantages": torch.tensor(arrays["advantages"]),
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+    }
+    trainer.create_optimizer()
+    parameters = dict(model.named_parameters())
+    for step in range(settings["updates_per_rollout"]):
+        loss = trainer._compute_loss(model, inputs)
+        loss.backward()
+        if step == 0:
+            first_loss = loss.item()
+            grads = {name: p.grad for name, p in parameters.items()}
+            gradient_gap = _relative_gap(grads, _weights(check / "grad"))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings["max_grad_norm"])
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad()
+    start, after = _weights(check / "policy"), _weights(check / "after")
+    moves = {name: p.detach() - start[name] for name, p in parameters.items()}
+    figures = {
+        "old_log_prob_gap": float((old - dew_old)[mask.bool()].abs().max()),
+        "loss": {"trl": first_loss, "dew": batch_check["loss"]},
+        "gradient_gap": gradient_gap,
+        "update_gap": _relative_gap(moves, {k: v - start[k] for k, v in after.items()}),
+    }
+    if abs(first_loss - batch_check["loss"]) > GRADIENT_TOLERANCE * abs(batch_check["loss"]):
+        raise SystemExit(f"one batch: TRL's loss differs from Dew's: {figures}")
+    if figures["gradient_gap"] > GRADIENT_TOLERANCE or figures["update_gap"] > UPDATE_TOLERANCE:
+        raise SystemExit(f"one batch: TRL's gradient or update differs from Dew's: {figures}")
+    return figures
+
+
+def _trl_config(settings: dict, out: str, optimizer_steps: int, seed: int):
+    """TRL's `GRPOConfig` matched to Dew's default run (the module docstring lists what is)."""
+    import torch
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=out,
+        max_steps=optimizer_steps,
+        per_device_train_batch_size=settings["prompts"] * settings["group"],
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=settings["group"],
+        num_iterations=settings["updates_per_rollout"],
+        shuffle_dataset=False,
+        max_completion_length=settings["max_new_tokens"],
+        temperature=settings["temperature"],
+        top_p=settings["top_p"],
+        top_k=0,
+        epsilon=settings["epsilon_low"],
+        epsilon_high=settings["epsilon_high"],
+        delta=settings["dual_clip"],
+        beta=settings["beta"],
+        use_bias_correction_kl=False,
+        loss_type="bnpo",
+        scale_rewards="group",
+        learning_rate=settings["lr"],
+        adam_beta1=settings["b1"],
+        adam_beta2=settings["b2"],
+        adam_epsilon=1e-8,
+        weight_decay=settings["weight_decay"],
+        max_grad_norm=settings["max_grad_norm"],
+        lr_scheduler_type="constant_with_warmup" if settings["warmup"] else "constant",
+        warmup_steps=settings["warmup"],
+        gradient_checkpointing=False,
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        seed=seed,
+        model_init_kwargs={"dtype": torch.float32},
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
 
 def trl_train(spec: dict) -> dict:
@@ -320,7 +548,7 @@ def trl_train(spec: dict) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     started = time.perf_counter()
     torch.set_num_threads(spec["threads"])
@@ -347,48 +575,8 @@ def trl_train(spec: dict) -> dict:
                 row = {"step": step, "reward": rewards[step - 1]}
                 rows.append({**row, "t": time.perf_counter() - started})
 
-    batch = settings["prompts"] * settings["group"]
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(
-            output_dir=out,
-            max_steps=spec["steps"] * iterations,
-            per_device_train_batch_size=batch,
-            gradient_accumulation_steps=1,
-            steps_per_generation=1,
-            num_generations=settings["group"],
-            num_iterations=iterations,
-            shuffle_dataset=False,
-            max_completion_length=settings["max_new_tokens"],
-            temperature=settings["temperature"],
-            top_p=settings["top_p"],
-            top_k=0,
-            epsilon=settings["epsilon_low"],
-            epsilon_high=settings["epsilon_high"],
-            delta=settings["dual_clip"],
-            beta=settings["beta"],
-            use_bias_correction_kl=False,
-            loss_type="bnpo",
-            scale_rewards="group",
-            learning_rate=settings["lr"],
-            adam_beta1=settings["b1"],
-            adam_beta2=settings["b2"],
-            adam_epsilon=1e-8,
-            weight_decay=settings["weight_decay"],
-            max_grad_norm=settings["max_grad_norm"],
-            lr_scheduler_type="constant_with_warmup" if settings["warmup"] else "constant",
-            warmup_steps=settings["warmup"],
-            gradient_checkpointing=False,
-            bf16=False,
-            fp16=False,
-            use_cpu=True,
-            seed=seed,
-            model_init_kwargs={"dtype": torch.float32},
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-        )
+        args = _trl_config(settings, out, spec["steps"] * iterations, seed)
         trainer = GRPOTrainer(
             model=str(folder / "model"),
             reward_funcs=answer_credit,
@@ -587,6 +775,7 @@ def main() -> None:
         )
         checked = _call(trl, "trl-check", {"folder": folder, "settings": settings})
         print(f"checked: reward {settings['reward_check']}, logits {checked['max_logit_diff']}")
+        print(f"checked: one batch {checked['one_batch']}")
         steps = settings["steps"]
         cache_dir = f"{folder}/jax-cache"
         env = {"JAX_COMPILATION_CACHE_DIR": cache_dir}

@@ -49,7 +49,7 @@ def grpo_twin(model, batch, **options):
         epsilon_high=o.epsilon_high,
         dual_clip=o.dual_clip,
     )
-    return loss + o.beta * token_mean(k3_kl(lp, batch.ref_log_probs), mask)
+    return loss + o.beta * token_mean(k3_kl(lp, batch.ref_log_probs, bound=o.kl_bound), mask)
 
 
 def grpo_tis_twin(model, batch):
@@ -59,7 +59,7 @@ def grpo_tis_twin(model, batch):
     terms, _ = clipped_surrogate_terms(token_log_ratio(lp, batch.old_log_probs), advantages, mask)
     weights = behavior_importance_weights(batch.old_log_probs, batch.behavior_log_probs, mask, 2.0)
     return token_mean(terms * weights, mask) + 0.04 * token_mean(
-        k3_kl(lp, batch.ref_log_probs), mask
+        k3_kl(lp, batch.ref_log_probs, bound=None), mask
     )
 
 

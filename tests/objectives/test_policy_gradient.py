@@ -178,7 +178,7 @@ KLS = {
     "k1": lambda lp, b, m: k1_kl(lp, b.ref_log_probs, mask=m),
     "abs": lambda lp, b, m: abs_kl(lp, b.ref_log_probs, mask=m),
     "k2": lambda lp, b, m: k2_kl(lp, b.ref_log_probs, mask=m),
-    "k3": lambda lp, b, m: k3_kl(lp, b.ref_log_probs, mask=m),
+    "k3": lambda lp, b, m: k3_kl(lp, b.ref_log_probs, mask=m, bound=None),
     "k3_plus": lambda lp, b, m: k3_kl_straight_through(lp, b.ref_log_probs, mask=m),
     "k3_importance": lambda lp, b, m: importance_weighted_k3_kl(
         lp, b.ref_log_probs, b.old_log_probs, mask=m
@@ -199,6 +199,34 @@ def test_each_kl_estimator_in_the_loss_is_its_dew_rl_call(fixed, name):
     np.testing.assert_allclose(kl(lp), token_mean(KLS[name](lp, batch, mask), mask), rtol=1e-6)
     twin_grad = jax.grad(lambda lp: token_mean(KLS[name](lp, batch, mask), mask))(lp)
     np.testing.assert_allclose(jax.grad(kl)(lp), twin_grad, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("bound", [None, 10.0, 1.0])
+def test_kl_bound_clamps_the_k3_estimate_where_the_policy_drifted_from_the_reference(fixed, bound):
+    batch, lp = fixed
+    # Four nats below the reference on every other token: k3 = exp(4) - 5 = 49.6 there.
+    drifted = lp - 4.0 * (jnp.arange(lp.shape[1]) % 2)
+    batch = batch.replace(ref_log_probs=jnp.where(batch.completion_mask, lp, 0.0))
+    objective = PolicyGradient(beta=0.5, kl_bound=bound)
+    prepared = objective.prepare(batch)
+    mask = batch.completion_mask
+
+    def kl(lp):
+        return objective.loss(PolicyOutputs(lp), prepared)[1]["kl"]
+
+    def twin(lp):
+        return token_mean(k3_kl(lp, batch.ref_log_probs, mask=mask, bound=bound), mask)
+
+    np.testing.assert_allclose(kl(drifted), twin(drifted), rtol=1e-6)
+    grad = jax.grad(kl)(drifted)
+    np.testing.assert_allclose(grad, jax.grad(twin)(drifted), rtol=1e-5, atol=1e-8)
+    # Only the unbounded estimate keeps the drifted tokens' gradient.
+    kept = jnp.abs(grad[:, 1::2]).sum() > 0
+    assert bool(kept) == (bound is None)
+
+
+def test_the_default_kl_is_unbounded_k3_as_trl_computes_it():
+    assert PolicyGradient().kl_bound is None and PolicyGradient().kl == "k3"
 
 
 CORRECTIONS = {
@@ -245,7 +273,7 @@ def test_two_micro_batches_combine_into_the_loss_of_the_batch(fixed, name):
     loss, metrics = objective.loss(PolicyOutputs(lp), prepared)
     terms, _ = clipped_surrogate_terms(_ratio(lp, batch), prepared.advantages, mask, dual_clip=3.0)
     reduce = AGGREGATIONS[name]
-    kl = reduce(k3_kl(lp, batch.ref_log_probs, mask=mask), mask)
+    kl = reduce(k3_kl(lp, batch.ref_log_probs, mask=mask, bound=None), mask)
     np.testing.assert_allclose(loss, reduce(terms, mask) + 0.5 * kl, rtol=1e-6)
 
     def half(rows):

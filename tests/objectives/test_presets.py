@@ -67,7 +67,7 @@ def legacy_loss(lp, batch, advantages, ratio, reduce, eps=(0.2, 0.2), dual=3.0, 
     loss = policy_loss = reduce(terms, mask)
     metrics["policy_loss"] = policy_loss
     if beta > 0:
-        kl = reduce(k3_kl(lp, batch.ref_log_probs), mask)
+        kl = reduce(k3_kl(lp, batch.ref_log_probs, bound=None), mask)
         loss = loss + beta * kl
         metrics["kl"] = kl
     return loss, metrics

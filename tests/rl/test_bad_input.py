@@ -304,6 +304,7 @@ HYPERPARAMETERS = {
     rl.group_advantage: ((_zeros(4),), {"group": 2}, {"eps": -0.5}),
     rl.ipo_preference_loss: (_PAIRS, {"beta": 0.5}, {"beta": 0.0}),
     rl.kl_cov_terms: (_TOKENS, {}, {"kl_ratio": 0.0, "kl_coef": -1.0}),
+    rl.k3_kl: (_TOKENS[:2], {}, {"bound": 0.0}),
     rl.kto_loss: (
         (_zeros(3), _mask(3), jnp.zeros(())),
         {},

@@ -4,6 +4,8 @@ Every case runs under `jax.jit`, the way a trainer calls it; the cheapest ones r
 (`both_modes`). The constant-group hazard of contract.md only showed jitted.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -249,6 +251,28 @@ def test_k3_kl_clamps_d_at_20_and_the_estimate_at_10_with_zero_gradient_beyond()
     grad = jax.jit(jax.grad(lambda lp: jnp.sum(rl.k3_kl(lp, ref))))(log_probs)
     # d/d log_probs of exp(d) - d - 1 with d = ref - log_probs is 1 - exp(d).
     np.testing.assert_allclose(grad, [0.0, 0.0, 1.0 - np.exp(2.0), 0.0], rtol=1e-6)
+
+
+def test_k3_kl_without_a_bound_is_trls_estimate_with_its_gradient_past_10():
+    ref = jnp.array([25.0, 2.0, 3.0, 0.0])
+    log_probs = jnp.zeros(4)
+    unbounded = functools.partial(rl.k3_kl, bound=None)
+    kl = jax.jit(unbounded)(log_probs, ref)
+    # TRL: exp(d) - d - 1, with no clamp; d stays clamped at 20 (exp(25) would be TRL's).
+    d = np.array([20.0, 2.0, 3.0, 0.0])
+    np.testing.assert_allclose(kl, np.exp(d) - d - 1.0, rtol=1e-6)
+    grad = jax.jit(jax.grad(lambda lp: jnp.sum(unbounded(lp, ref))))(log_probs)
+    # d = 3 passes verl's bound of 10 (exp(3) - 4 = 16.1), where the default's gradient is 0.
+    np.testing.assert_allclose(grad, [0.0, 1.0 - np.exp(2.0), 1.0 - np.exp(3.0), 0.0], rtol=1e-6)
+    bounded = jax.grad(lambda lp: jnp.sum(rl.k3_kl(lp, ref, bound=5.0)))(log_probs)
+    np.testing.assert_allclose(bounded, [0.0, 1.0 - np.exp(2.0), 0.0, 0.0], rtol=1e-6)
+
+
+def test_k3_kl_without_a_bound_takes_bf16_inputs_to_a_float32_estimate():
+    ref = jnp.array([3.0, -1.0], jnp.bfloat16)
+    kl = rl.k3_kl(jnp.zeros(2, jnp.bfloat16), ref, bound=None)
+    assert kl.dtype == jnp.float32
+    np.testing.assert_allclose(kl, [np.exp(3.0) - 4.0, np.exp(-1.0)], rtol=1e-6)
 
 
 def test_clipped_surrogate_stays_finite_on_clamped_log_ratios_beyond_20():

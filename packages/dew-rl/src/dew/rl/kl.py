@@ -16,7 +16,7 @@ nor its gradient. Reduce with the policy loss's aggregation and add `beta` times
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import check_same_shape
+from dew.rl._checks import POSITIVE, check_hyperparameter, check_same_shape
 from dew.rl._ops import clip, kept_floats
 
 LOG_RATIO_BOUND = 20.0
@@ -104,14 +104,19 @@ def k2_kl(
     return jnp.where(mask, 0.5 * jnp.square(d), 0)
 
 
-def _k3(d: jax.Array) -> jax.Array:
-    """verl's clamped k3 of `d = log pi - log pi_ref`."""
+def _k3(d: jax.Array, bound: float | None = KL_ESTIMATE_BOUND) -> jax.Array:
+    """k3 of `d = log pi - log pi_ref`, `-d` clamped to +-20 and the estimate to +-`bound`."""
     reverse = clip(-d, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    return clip(jnp.exp(reverse) - reverse - 1, -KL_ESTIMATE_BOUND, KL_ESTIMATE_BOUND)
+    estimate = jnp.exp(reverse) - reverse - 1
+    return estimate if bound is None else clip(estimate, -bound, bound)
 
 
 def k3_kl(
-    log_probs: jax.Array, ref_log_probs: jax.Array, *, mask: jax.Array | None = None
+    log_probs: jax.Array,
+    ref_log_probs: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    bound: float | None = KL_ESTIMATE_BOUND,
 ) -> jax.Array:
     r"""Schulman's k3 estimator of KL(pi || pi_ref), per token.
 
@@ -120,8 +125,13 @@ def k3_kl(
     `exp(d) - d - 1` for `d = log pi_ref - log pi`, which is non-negative, unbiased and lower
     variance than `-d` (http://joschu.net/blog/kl-approx.html). verl's
     `kl_penalty_forward("k3")` clamps `d` to +-20 before the exponential and the estimate to +-10
-    after it, and this follows verl. Without the second clamp one drifted token contributes
-    `exp(20)` to the penalty and dominates the step.
+    after it, and this follows verl by default. Without the second clamp one drifted token
+    contributes up to `exp(20)` to the penalty and dominates the step; with it, a token whose
+    estimate passes the bound (`d` above about 2.5 at 10) gets no gradient from the penalty.
+
+    `bound=None` keeps the clamp on `d` but not the one on the estimate: TRL's
+    `GRPOTrainer` (which clamps neither) and the GRPO paper's estimator (arXiv:2402.03300, eq. 4)
+    wherever `|d| <= 20`.
 
     With `mask`, masked positions are replaced before any arithmetic and hold 0, so a NaN or inf
     in the padding of either input reaches neither the estimate nor its gradient; without it,
@@ -130,15 +140,21 @@ def k3_kl(
     times that.
 
     Reference: verl 0.9.1 `core_algos.kl_penalty("low_var_kl")`; Tunix 0.1.7
-    `compute_kl_divergence` with `clamp_value=10` (Tunix does not clamp `d`).
+    `compute_kl_divergence` with `clamp_value=10` (Tunix does not clamp `d`); with
+    `bound=None`, TRL 1.16.0 `GRPOTrainer._compute_loss`.
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> print(k3_kl(jnp.array([-1.0, -1.0, -20.0]), jnp.array([-1.0, -2.0, 0.0])))
+      >>> log_probs, ref = jnp.array([-1.0, -1.0, -6.0]), jnp.array([-1.0, -2.0, -1.0])
+      >>> print(k3_kl(log_probs, ref))
       [ 0.      0.3679 10.    ]
+      >>> print(k3_kl(log_probs, ref, bound=None))
+      [  0.       0.3679 142.4132]
     """
+    if bound is not None:
+        check_hyperparameter("k3_kl", "bound", bound, POSITIVE)
     d, mask = _difference("k3_kl", log_probs, ref_log_probs, mask)
-    return jnp.where(mask, _k3(d), 0)
+    return jnp.where(mask, _k3(d, bound), 0)
 
 
 def k3_kl_straight_through(

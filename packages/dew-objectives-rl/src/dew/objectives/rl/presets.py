@@ -39,7 +39,8 @@ class GRPO(PolicyGradient):
 
     The reward standardised within its group (`group`), PPO's clipped surrogate of the token
     ratio (0.2, 0.2) with verl's dual clip 3.0 (`clip`), `+ 0.04` times the `token-mean` of the
-    k3 KL to a frozen copy of the initial policy, reduced by `token-mean`.
+    k3 KL to a frozen copy of the initial policy (unclamped, as in the paper), reduced by
+    `token-mean`.
     """
 
     name: ClassVar[str] = "grpo"

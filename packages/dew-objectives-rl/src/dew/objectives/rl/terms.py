@@ -187,12 +187,16 @@ TERMS: dict[str, PolicyTerm] = {
 """
 
 
-def _k3_importance(log_probs, ref_log_probs, old_log_probs, mask):
+def _k3(o, log_probs, ref_log_probs, old_log_probs, mask):
+    return k3_kl(log_probs, ref_log_probs, mask=mask, bound=o.kl_bound)
+
+
+def _k3_importance(o, log_probs, ref_log_probs, old_log_probs, mask):
     return importance_weighted_k3_kl(log_probs, ref_log_probs, old_log_probs, mask=mask)
 
 
 def _plain(estimator):
-    def estimate(log_probs, ref_log_probs, old_log_probs, mask):
+    def estimate(o, log_probs, ref_log_probs, old_log_probs, mask):
         return estimator(log_probs, ref_log_probs, mask=mask)
 
     return estimate
@@ -202,14 +206,15 @@ KL_ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
     "k1": _plain(k1_kl),
     "abs": _plain(abs_kl),
     "k2": _plain(k2_kl),
-    "k3": _plain(k3_kl),
+    "k3": _k3,
     "k3_plus": _plain(k3_kl_straight_through),
     "k3_importance": _k3_importance,
 }
-"""`--kl` value to per-token estimator `(log_probs, ref_log_probs, old_log_probs, mask)`.
+"""`--kl` value to per-token estimator `(objective, log_probs, ref_log_probs, old_log_probs, mask)`.
 
-`k1_kl`, `abs_kl`, `k2_kl`, `k3_kl`, `k3_kl_straight_through` (k3's value, k2's gradient) and
-`importance_weighted_k3_kl` (k3 times the ratio to the rollout policy).
+`k1_kl`, `abs_kl`, `k2_kl`, `k3_kl` (its estimate bounded by the objective's `kl_bound`),
+`k3_kl_straight_through` (k3's value, k2's gradient) and `importance_weighted_k3_kl` (k3 times
+the ratio to the rollout policy).
 """
 
 
