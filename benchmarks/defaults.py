@@ -3,10 +3,12 @@
 Run by hand from the repository root:
 
     uv run python benchmarks/defaults.py [--seeds 0,1,2,3,4] [--steps 250] [--lr 1e-3,2e-3,4e-3]
-        [--updates-per-rollout 1,2] [--prompts 32,16] [--results PATH]
+        [--updates-per-rollout 1,2] [--prompts 32,16] [--kl-bound none,10] [--task reverse]
+        [--results PATH]
 
 Every configuration of the grid (learning rate x optimizer updates per rollout x prompts per
-step, group 8, the rest the defaults) trains once per seed, its seeds in one fresh subprocess
+step x the clamp on GRPO's k3 estimate, group 8, on `--task`, the rest the defaults) trains
+once per seed, its seeds in one fresh subprocess
 with JAX's compile cache on. Per run it records the steps to mean reward 0.5, 0.9 and 0.95, the
 final reward (mean of the last 10 steps), the mean reward over all steps and the median steady
 step time; per configuration, their medians over the seeds and an estimated time to 0.9 (median
@@ -118,6 +120,7 @@ def table(summaries: list[dict]) -> str:
         ("lr", lambda s: f"{s['options']['lr']:g}"),
         ("upd", lambda s: str(s["options"]["updates_per_rollout"])),
         ("prompts", lambda s: str(s["options"]["prompts"])),
+        ("kl bound", lambda s: f"{s['options'].get('kl_bound', 10.0)}"),
         ("steps 0.9 med", lambda s: number(s["median_steps_to_0.9"])),
         (
             "min-max",
@@ -153,6 +156,11 @@ def machine() -> dict:
     }
 
 
+def bound(text: str) -> float | None:
+    """`--kl-bound`'s values: `none` or a number."""
+    return None if text.strip().lower() == "none" else float(text)
+
+
 def listed(kind: type):
     """An argparse type: a comma-separated list of `kind`."""
     return lambda text: [kind(item) for item in text.split(",") if item.strip()]
@@ -165,12 +173,21 @@ def main() -> None:
     parser.add_argument("--lr", type=listed(float), default=[1e-3, 2e-3, 4e-3])
     parser.add_argument("--updates-per-rollout", type=listed(int), default=[1, 2])
     parser.add_argument("--prompts", type=listed(int), default=[32, 16])
+    parser.add_argument("--kl-bound", type=listed(bound), default=[None], help="none or > 0")
+    parser.add_argument("--task", default="reverse", help="the task trained on")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args()
     grid = [
-        {"steps": args.steps, "lr": lr, "updates_per_rollout": updates, "prompts": prompts}
-        for prompts, lr, updates in itertools.product(
-            args.prompts, args.lr, args.updates_per_rollout
+        {
+            "steps": args.steps,
+            "task": args.task,
+            "lr": lr,
+            "updates_per_rollout": updates,
+            "prompts": prompts,
+            "kl_bound": kl_bound,
+        }
+        for prompts, lr, updates, kl_bound in itertools.product(
+            args.prompts, args.lr, args.updates_per_rollout, args.kl_bound
         )
     ]
     started = machine()

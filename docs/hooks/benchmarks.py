@@ -4,9 +4,10 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
 `<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->`,
-`<!-- bench: defaults -->`, `<!-- bench: sampler -->` or `<!-- bench: trl_grpo -->`; the
-hook replaces each with a table of the numbers the scripts last wrote, so the page shows what was
-measured, not what someone typed. The prose around the tables quotes the same files.
+`<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->` or
+`<!-- bench: trl_grpo -->`; the hook replaces each with a table of the numbers the scripts last
+wrote, so the page shows what was measured, not what someone typed. The prose around the tables
+quotes the same files.
 """
 
 import json
@@ -306,9 +307,17 @@ def machine_table() -> str:
     return markdown_table(header, rows)
 
 
-def defaults_table() -> str:
-    """Each setting `benchmarks/defaults.py` tried for the default job, over its seeds."""
-    summary = load("defaults")["summary"]
+def defaults_table(name: str = "defaults") -> str:
+    """Each setting `benchmarks/defaults.py` tried (results `name`), over its seeds.
+
+    Results that vary the task or GRPO's `kl_bound` (absent before that option: 10) show them.
+    """
+    summary = load(name)["summary"]
+    varied = [
+        key
+        for key, before in (("task", "reverse"), ("kl_bound", 10.0))
+        if len({row["options"].get(key, before) for row in summary}) > 1
+    ]
 
     def steps(row) -> str:
         if not row["reached_0.9"]:
@@ -319,8 +328,11 @@ def defaults_table() -> str:
         return text + (f" ({low}\u2013{high})" if low != high else f" ({low})")
 
     ordered = sorted(summary, key=lambda r: (-r["reached_0.9"], r["median_steps_to_0.9"] or 10**9))
+    if varied:
+        ordered = summary  # in the order run: each task's settings side by side
     rows = [
         [
+            *(str(row["options"][key]).replace("None", "none") for key in varied),
             f"{row['options']['lr']:g}",
             str(row["options"]["updates_per_rollout"]),
             str(row["options"]["prompts"]),
@@ -333,6 +345,7 @@ def defaults_table() -> str:
         for row in ordered
     ]
     header = [
+        *(key.replace("_", " ") for key in varied),
         "lr",
         "updates per rollout",
         "prompts",
@@ -373,8 +386,8 @@ def expand(match: re.Match) -> str:
         return gae_tunix_table()
     if table == "train":
         return train_table()
-    if table == "defaults":
-        return defaults_table()
+    if table in ("defaults", "defaults_kl_bound"):
+        return defaults_table(table)
     if table == "sampler":
         return sampler_table()
     if table in ("smollm2_arithmetic", "smollm2_lora"):
