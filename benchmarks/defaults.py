@@ -3,18 +3,18 @@
 Run by hand from the repository root:
 
     uv run python benchmarks/defaults.py [--seeds 0,1,2,3,4] [--steps 250] [--lr 1e-3,2e-3,4e-3]
-        [--updates-per-rollout 1,2] [--prompts 32,16] [--kl-bound none,10] [--task reverse]
+        [--updates-per-rollout 1,2] [--prompts 32,16] [--kl-bound none,10] [--task reverse,sort]
         [--results PATH]
 
 Every configuration of the grid (learning rate x optimizer updates per rollout x prompts per
-step x the clamp on GRPO's k3 estimate, group 8, on `--task`, the rest the defaults) trains
-once per seed, its seeds in one fresh subprocess
-with JAX's compile cache on. Per run it records the steps to mean reward 0.5, 0.9 and 0.95, the
-final reward (mean of the last 10 steps), the mean reward over all steps and the median steady
-step time; per configuration, their medians over the seeds and an estimated time to 0.9 (median
-steps x median step time). Steps are deterministic per seed and setting; step times depend on
-the machine's load. Prints a table sorted by that estimate and writes
-`benchmarks/results/defaults.json` after each configuration.
+step x the clamp on GRPO's k3 estimate x the task, group 8, the rest the defaults) trains once
+per seed, its seeds in one fresh subprocess with JAX's compile cache on. Per run it records the
+steps to mean reward 0.5, 0.9 and 0.95, the final reward (mean of the last 10 steps), the mean
+reward over all steps and the median steady step time; per configuration, their medians over
+the seeds and an estimated time to 0.9 (median steps x median step time). Steps are
+deterministic per seed and setting; step times depend on the machine's load. Prints a table
+sorted by that estimate and writes `--results` (default `benchmarks/results/defaults.json`)
+after each configuration.
 """
 
 import argparse
@@ -40,9 +40,13 @@ from dew.compile_cache import use_compile_cache
 use_compile_cache()
 from dew.train import TrainConfig, train
 options, seeds, levels = json.loads(sys.argv[1])
+flags = {k: v for k, v in options.items() if k != "kl_bound"}
+objective = {"kl_bound": options["kl_bound"]}
 for seed in seeds:
     with tempfile.TemporaryDirectory() as out:
-        result = train(TrainConfig().replace(out=out + "/run", seed=seed, **options), quiet=True)
+        config = TrainConfig().replace(out=out + "/run", seed=seed, **flags)
+        config = config.replace(objective_options=objective)
+        result = train(config, quiet=True)
     rows = result.history
     rewards = [r["reward"] for r in rows]
     steady = rows[1:] or rows
@@ -120,6 +124,7 @@ def table(summaries: list[dict]) -> str:
         ("lr", lambda s: f"{s['options']['lr']:g}"),
         ("upd", lambda s: str(s["options"]["updates_per_rollout"])),
         ("prompts", lambda s: str(s["options"]["prompts"])),
+        ("task", lambda s: s["options"].get("task", "reverse")),
         ("kl bound", lambda s: f"{s['options'].get('kl_bound', 10.0)}"),
         ("steps 0.9 med", lambda s: number(s["median_steps_to_0.9"])),
         (
@@ -174,20 +179,20 @@ def main() -> None:
     parser.add_argument("--updates-per-rollout", type=listed(int), default=[1, 2])
     parser.add_argument("--prompts", type=listed(int), default=[32, 16])
     parser.add_argument("--kl-bound", type=listed(bound), default=[None], help="none or > 0")
-    parser.add_argument("--task", default="reverse", help="the task trained on")
+    parser.add_argument("--task", type=listed(str), default=["reverse"], help="tasks")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args()
     grid = [
         {
             "steps": args.steps,
-            "task": args.task,
+            "task": task,
             "lr": lr,
             "updates_per_rollout": updates,
             "prompts": prompts,
             "kl_bound": kl_bound,
         }
-        for prompts, lr, updates, kl_bound in itertools.product(
-            args.prompts, args.lr, args.updates_per_rollout, args.kl_bound
+        for task, prompts, lr, updates, kl_bound in itertools.product(
+            args.task, args.prompts, args.lr, args.updates_per_rollout, args.kl_bound
         )
     ]
     started = machine()
