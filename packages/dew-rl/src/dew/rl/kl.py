@@ -127,7 +127,7 @@ def k3_kl(
     `kl_penalty_forward("k3")` clamps `d` to +-20 before the exponential and the estimate to +-10
     after it, and this follows verl by default. Without the second clamp one drifted token
     contributes up to `exp(20)` to the penalty and dominates the step; with it, a token whose
-    estimate passes the bound (`d` above about 2.5 at 10) gets no gradient from the penalty.
+    estimate passes the bound (`d` above about 2.6 at 10) gets no gradient from the penalty.
 
     `bound=None` keeps the clamp on `d` but not the one on the estimate: TRL's
     `GRPOTrainer` (which clamps neither) and the GRPO paper's estimator (arXiv:2402.03300, eq. 4)

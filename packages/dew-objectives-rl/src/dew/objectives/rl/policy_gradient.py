@@ -133,7 +133,7 @@ class PolicyGradient:
         k3_importance (k3 times the ratio to the rollout policy).
       kl_bound: the clamp on each token's k3 estimate (`--kl k3`), or None for none. verl and
         Tunix clamp it at 10, which takes the penalty's gradient off a token the policy has
-        made about 2.5 nats less likely than the reference did; TRL and the GRPO paper do not
+        made about 2.6 nats less likely than the reference did; TRL and the GRPO paper do not
         clamp it, and neither does Dew by default (measured on the default job: final reward
         0.964 against 0.930 with the clamp, mean over 20 seeds).
       kl_in: where the KL goes: loss (a term of the loss) or reward (subtracted per token
