@@ -264,11 +264,6 @@ def _one_batch(source, config, objective, prompter, spec: dict, folder: Path) ->
         reference_params,
     )
 
-    def policy(params):
-        merged = nnx.state(nnx.merge(graphdef, state))
-        nnx.replace_by_pure_dict(merged, params)
-        return nnx.merge(graphdef, merged)
-
     prompts = prompter.draw(np.random.default_rng([seed, 1]), config.rollout.prompts)
     batch = rollout(
         graphdef, params, prompter, prompts, config.rollout.group, jax.random.key(seed)
@@ -276,13 +271,13 @@ def _one_batch(source, config, objective, prompter, spec: dict, folder: Path) ->
     mask = batch.completion_mask
     prepared = objective.prepare(
         batch.replace(
-            old_log_probs=log_probs(policy(params), batch.tokens, mask),
+            old_log_probs=log_probs(nnx.merge(graphdef, params), batch.tokens, mask),
             ref_log_probs=log_probs(reference, batch.tokens, mask),
         )
     )
 
     def loss(params):
-        outputs = policy_outputs(policy(params), batch.tokens, mask)
+        outputs = policy_outputs(nnx.merge(graphdef, params), batch.tokens, mask)
         return objective.loss(outputs, prepared)[0]
 
     value, grads = jax.value_and_grad(loss)(params)
@@ -293,7 +288,7 @@ def _one_batch(source, config, objective, prompter, spec: dict, folder: Path) ->
     )
     check = folder / "check"
     for name, tree in (("policy", params), ("grad", grads), ("after", after)):
-        save_policy(policy(tree), check / name)
+        save_policy(nnx.merge(graphdef, tree), check / name)
     arrays = {"tokens": batch.tokens, "completion_mask": mask, "rewards": batch.rewards}
     arrays |= {"advantages": prepared.advantages, "old_log_probs": prepared.old_log_probs}
     np.savez(check / "batch.npz", **{k: np.asarray(v) for k, v in arrays.items()})
