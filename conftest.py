@@ -44,3 +44,17 @@ def _short_array_printing(request):
             yield
     else:
         yield
+
+
+@pytest.fixture(autouse=True)
+def _kept_programs_end_with_the_test():
+    """Stop keeping whole programs after a test that turned the compile cache on.
+
+    A `dew` command run in a test turns Dew's compile cache on for its worker process, and a
+    program loaded whole skips its tracing: a later test's trace counts would depend on which
+    tests ran before it in the same worker.
+    """
+    yield
+    from dew import compile_cache
+
+    compile_cache._programs = None

@@ -41,7 +41,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.api": set(),
     "dew.batch": set(),
     "dew.cli": {"main"},
-    "dew.compile_cache": {"default_cache_dir"},
+    "dew.compile_cache": {"KeptProgram", "default_cache_dir", "program_identity"},
     "dew.distributed": {
         "ENVIRONMENT", "HEARTBEAT_S", "ProcessError", "barrier", "Processes", "is_primary", "join",
         "processes_from",

@@ -4,9 +4,10 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
 `<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->`,
-`<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->` or
-`<!-- bench: trl_grpo -->`; the hook replaces each with a table of the numbers the scripts last
-wrote, so the page shows what was measured, not what someone typed. The prose around the tables
+`<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
+`<!-- bench: trl_grpo -->` or `<!-- bench: trl_grpo_kept -->`; the hook replaces each with a
+table of the numbers the scripts last wrote, so the page shows what was measured, not what
+someone typed. The prose around the tables
 quotes the same files.
 """
 
@@ -243,8 +244,8 @@ def memory_steps_table() -> str:
     return markdown_table(["update step", "B x T", "seconds", ""], rows)
 
 
-def trl_grpo_table() -> str:
-    """Each run of Dew's default job and of TRL's matched GRPOTrainer, in the order they ran."""
+def trl_grpo_table(name: str = "trl_grpo") -> str:
+    """Each run of Dew's default job and of TRL's matched GRPOTrainer (results `name`), in order."""
 
     def seconds(value) -> str:
         return "not reached" if value is None else f"{value['seconds']:.1f}"
@@ -261,7 +262,7 @@ def trl_grpo_table() -> str:
             f"{run['final_reward']:.3f}",
             f"{run['peak_rss_mib']:.0f}",
         ]
-        for run in load("trl_grpo")["runs"]
+        for run in load(name)["runs"]
     ]
     header = [
         "run",
@@ -392,8 +393,8 @@ def expand(match: re.Match) -> str:
         return sampler_table()
     if table in ("smollm2_arithmetic", "smollm2_lora"):
         return smollm2_table(table)
-    if table == "trl_grpo":
-        return trl_grpo_table()
+    if table in ("trl_grpo", "trl_grpo_kept"):
+        return trl_grpo_table(table)
     if table == "models":
         return models_table()
     if table == "processes":

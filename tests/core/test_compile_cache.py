@@ -1,13 +1,14 @@
-"""JAX's persistent compilation cache: the `dew` command keeps programs in it unless told not to."""
+"""The compile cache: the `dew` command keeps JAX's programs and Dew's whole, unless told not to."""
 
 import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from dew import cli, compile_cache
-from dew.compile_cache import use_compile_cache
+from dew.compile_cache import KeptProgram, program_identity, use_compile_cache
 
 
 @pytest.fixture
@@ -56,3 +57,145 @@ def test_help_lists_the_flag_and_compiles_nothing(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main(["sample", "--help"])
     assert "--no-compile-cache" in capsys.readouterr().out
+
+
+def test_a_kept_program_runs_again_without_tracing_and_gives_the_same_numbers(own_cache):
+    use_compile_cache()
+    traced = []
+
+    def affine(x, y):
+        traced.append(x.shape)
+        return x * 2.0 + y
+
+    x, y = jnp.arange(3.0), jnp.float32(1.0)
+    first = KeptProgram(jax.jit(affine), "affine", "2x+y")(x, y)
+    # A new process's program: a new KeptProgram, nothing compiled in memory.
+    again = KeptProgram(jax.jit(affine), "affine", "2x+y")(x, y)
+    assert traced == [(3,)]
+    assert [p.name.split("-")[0] for p in (own_cache / "dew-programs").iterdir()] == ["affine"]
+    np.testing.assert_array_equal(again, first)
+    np.testing.assert_array_equal(again, [1.0, 3.0, 5.0])
+
+
+@pytest.mark.parametrize(
+    ("identity", "x"),
+    [("another", jnp.arange(3.0)), ("2x", jnp.arange(4.0)), ("2x", jnp.arange(3))],
+    ids=["identity", "shape", "dtype"],
+)
+def test_another_identity_or_argument_shape_is_another_program(own_cache, identity, x):
+    use_compile_cache()
+    KeptProgram(jax.jit(lambda x: x * 2), "double", "2x")(jnp.arange(3.0))
+    KeptProgram(jax.jit(lambda x: x * 2), "double", identity)(x)
+    assert len(list((own_cache / "dew-programs").iterdir())) == 2
+
+
+def test_a_damaged_program_is_compiled_again_and_replaced(own_cache):
+    def wave(x):
+        return jnp.sin(x) ** 2 - jnp.cos(x) * x
+
+    x, expected = jnp.ones(2), np.sin(1.0) ** 2 - np.cos(1.0)
+    use_compile_cache()
+    KeptProgram(jax.jit(wave), "wave", "wave")(x)
+    (kept,) = (own_cache / "dew-programs").iterdir()
+    kept.write_bytes(kept.read_bytes()[:100])
+    jax.clear_caches()  # a new process's: only the files on disk remain
+    np.testing.assert_allclose(KeptProgram(jax.jit(wave), "wave", "wave")(x), [expected] * 2)
+    assert len(kept.read_bytes()) > 100
+    np.testing.assert_allclose(KeptProgram(jax.jit(wave), "wave", "wave")(x), [expected] * 2)
+
+
+def test_off_or_without_an_identity_nothing_is_kept(own_cache):
+    use_compile_cache(False)
+    assert KeptProgram(jax.jit(jnp.cos), "cos", "cos")(jnp.ones(2)).shape == (2,)
+    use_compile_cache()
+    assert KeptProgram(jax.jit(jnp.cos), "cos", None)(jnp.ones(2)).shape == (2,)
+    assert not (own_cache / "dew-programs").exists()
+
+
+def test_a_folder_that_cannot_be_written_costs_nothing_but_the_keeping(own_cache):
+    use_compile_cache()
+    own_cache.mkdir(parents=True)
+    (own_cache / "dew-programs").write_text("a file where the folder should be")
+    assert float(KeptProgram(jax.jit(jnp.exp), "exp", "exp")(jnp.float32(0.0))) == 1.0
+
+
+def test_under_a_transformation_the_jitted_function_runs(own_cache):
+    use_compile_cache()
+    double = KeptProgram(jax.jit(lambda x: 2 * x), "double", "2x")
+    assert float(jax.grad(lambda x: double(x))(1.0)) == 2.0
+    assert not (own_cache / "dew-programs").exists()
+
+
+def test_the_key_follows_dews_source(monkeypatch, tmp_path):
+    import dew
+
+    (tmp_path / "module.py").write_text("A = 1\n")
+    monkeypatch.setattr(dew, "__path__", [str(tmp_path)])
+    before = compile_cache._code.__wrapped__()
+    (tmp_path / "module.py").write_text("A = 2\n")
+    assert compile_cache._code.__wrapped__() != before
+
+
+def test_models_and_settings_from_outside_dew_are_not_kept():
+    from flax import nnx
+
+    from dew.models.llama import build
+    from dew.models.registry import SIZES
+    from dew.objectives.rl import GRPO
+
+    graphdef, _ = nnx.split(build(SIZES["tiny"], 0))
+    assert program_identity(graphdef, GRPO(), 3) is not None
+    assert program_identity(graphdef, GRPO(beta=0.1)) != program_identity(graphdef, GRPO())
+
+    class Outside(nnx.Module):
+        def __init__(self):
+            self.linear = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+
+    foreign, _ = nnx.split(Outside())
+    assert program_identity(foreign, 3) is None
+    assert program_identity(graphdef, Outside) is None  # a class: its code is not in the key
+    assert program_identity(graphdef, np.float64(1.0)) is None
+
+
+def test_a_second_dew_train_traces_neither_its_sampler_nor_its_update(tmp_path):
+    """Two processes: the second loads both programs and repeats the first's numbers."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from dew import cli; from dew._traces import TRACES; "
+        "code = cli.main(sys.argv[1:]); print(sorted(TRACES.items())); sys.exit(code)"
+    )
+    environment = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+    traces, losses = [], []
+    for run in ("first", "second"):
+        argv = ["train", "--model", "tiny", "--prompts", "4", "--steps", "2", "--quiet"]
+        argv += ["--eval-every", "0", "--out", str(tmp_path / run)]
+        done = subprocess.run(
+            [sys.executable, "-c", script, *argv], env=environment, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        traces.append(dict(eval(done.stdout.strip().splitlines()[-1])))
+        rows = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        losses.append([json.loads(row)["loss"] for row in rows])
+    assert traces[0]["update"] == 1 and traces[0]["sample"] >= 1
+    assert "update" not in traces[1] and "sample" not in traces[1]
+    assert losses[1] == losses[0]
+
+
+def test_a_program_jax_loaded_from_its_cache_is_compiled_afresh_before_it_is_kept(own_cache):
+    def wave(x):
+        return jnp.sin(x) ** 2 - jnp.cos(x) * x
+
+    x = jnp.linspace(0.0, 1.0, 5)
+    jitted = jax.jit(wave)
+    use_compile_cache()
+    compile_cache._programs = None  # JAX's cache alone, as with JAX_COMPILATION_CACHE_DIR set
+    jitted(x)
+    jax.clear_caches()
+    jitted(x)  # now an executable JAX's cache served
+    use_compile_cache()
+    KeptProgram(jitted, "wave", "wave")(x)
+    loaded = KeptProgram(jax.jit(wave), "wave", "wave")(x)  # a new process's: from the file
+    np.testing.assert_allclose(loaded, wave(np.linspace(0.0, 1.0, 5)), rtol=1e-5, atol=1e-6)

@@ -243,9 +243,9 @@ def _process_parser() -> argparse.ArgumentParser:
         "--compile-cache",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="keep compiled programs in JAX's persistent cache, so the next run starts at once "
-        "(default: on; the folder is $JAX_COMPILATION_CACHE_DIR, else the user's cache "
-        "directory)",
+        help="keep compiled programs in JAX's persistent cache, and Dew's sampler and update "
+        "whole, so the next run starts at once (default: on; the folder is "
+        "$JAX_COMPILATION_CACHE_DIR, else the user's cache directory)",
     )
     return parser
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dew._traces import count_trace
+from dew.compile_cache import KeptProgram, program_identity
 from dew.models.llama import Policy, _spread
 
 __all__ = [
@@ -81,19 +82,6 @@ def _choose(logits, key, temperature, top_p):
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "graphdef",
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "eos_id",
-        "pad_id",
-        "kv_cache",
-        "group",
-    ),
-)
 def sample_state(
     graphdef: nnx.GraphDef,
     params,
@@ -113,8 +101,56 @@ def sample_state(
 
     `group` > 1 says the rows come in groups of `group` adjacent rows with the same prompt (a
     rollout's): the KV-cache prefill then runs once per group and each row decodes from its
-    group's cache.
+    group's cache. One program per model and settings, kept whole by the compile cache
+    (`dew.compile_cache.KeptProgram`).
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> prompts, lengths = jnp.array([[1, 5, 3], [1, 5, 3]]), jnp.array([3, 3])
+      >>> out = sample_state(graphdef, params, prompts, lengths, jax.random.key(0),
+      ...                    max_new_tokens=2, eos_id=-1, group=2)
+      >>> out.tokens.shape, out.completion_mask.sum(axis=1).tolist()
+      ((2, 5), [2, 2])
     """
+    sampler = _sampler(
+        graphdef, max_new_tokens, temperature, top_p, eos_id, pad_id, kv_cache, group
+    )
+    return sampler(params, prompts, prompt_lengths, key)
+
+
+@functools.cache
+def _sampler(
+    graphdef: nnx.GraphDef,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+    kv_cache: bool,
+    group: int,
+) -> KeptProgram:
+    """The compiled `_sample_state` of a model and settings: `(params, prompts, lengths, key)`."""
+    settings = (max_new_tokens, temperature, top_p, eos_id, pad_id, kv_cache, group)
+    jitted = jax.jit(functools.partial(_sample_state, graphdef, *settings))
+    return KeptProgram(jitted, "sample", program_identity(graphdef, *settings))
+
+
+def _sample_state(
+    graphdef: nnx.GraphDef,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+    kv_cache: bool,
+    group: int,
+    params,
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    key: jax.Array,
+) -> Samples:
     count_trace("sample")
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape

@@ -27,6 +27,7 @@ from jax.sharding import Mesh
 
 from dew._traces import count_trace
 from dew.batch import Batch
+from dew.compile_cache import KeptProgram, program_identity
 from dew.mesh import param_shardings, replicated
 from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
@@ -459,8 +460,9 @@ def make_update(spec: UpdateSpec):
         metrics["finite"] = jnp.all(jnp.isfinite(history["loss"]))
         return params, opt_state, metrics
 
+    identity = program_identity(spec.graphdef, *_settings(spec))
     if spec.mesh is None:
-        return jax.jit(update, donate_argnums=(0, 1))
+        return KeptProgram(jax.jit(update, donate_argnums=(0, 1)), "update", identity)
     compiled = None
 
     def laid_out_update(params, opt_state, frozen, ref_params, batch, packing=None):
@@ -471,10 +473,17 @@ def make_update(spec: UpdateSpec):
                 param_shardings(opt_state, spec.mesh, spec.fsdp),
                 replicated(spec.mesh),
             )
-            compiled = jax.jit(update, out_shardings=shardings, donate_argnums=(0, 1))
+            jitted = jax.jit(update, out_shardings=shardings, donate_argnums=(0, 1))
+            compiled = KeptProgram(jitted, "update", identity)
         return compiled(params, opt_state, frozen, ref_params, batch, packing)
 
     return laid_out_update
+
+
+def _settings(spec: UpdateSpec) -> tuple:
+    """`spec`'s fields other than the model, as `program_identity` takes them."""
+    fields = dataclasses.fields(spec)
+    return tuple(getattr(spec, f.name) for f in fields if f.name != "graphdef")
 
 
 _COMPILED: dict[UpdateSpec, Callable] = {}
