@@ -130,7 +130,7 @@ class KeptProgram:
 
     def __init__(self, jitted: Callable, name: str, identity: str | None):
         self.jitted, self.name, self.identity = jitted, name, identity
-        self.compiled: dict[str, Any] = {}
+        self.compiled: dict[tuple, Any] = {}
 
     def __call__(self, *args):
         import jax
@@ -144,17 +144,17 @@ class KeptProgram:
             or any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
         ):
             return self.jitted(*args)
-        signature = repr((tree, [_leaf_signature(leaf) for leaf in leaves]))
+        signature = (tree, tuple(map(_leaf_signature, leaves)))
         compiled = self.compiled.get(signature)
         if compiled is None:
             compiled = self.compiled[signature] = self._load_or_compile(folder, signature, args)
         return compiled(*args)
 
-    def _load_or_compile(self, folder: Path, signature: str, args):
+    def _load_or_compile(self, folder: Path, signature: tuple, args):
         from jax.experimental import serialize_executable
 
         key = hashlib.sha256(
-            "\n".join([self.name, self.identity, signature, _environment()]).encode()
+            "\n".join([self.name, self.identity, repr(signature), _environment()]).encode()
         ).hexdigest()
         path = folder / f"{self.name}-{key[:40]}"
         try:
@@ -199,13 +199,18 @@ def _fresh_compiles():
 
 
 def _leaf_signature(leaf) -> tuple:
+    """What a compiled program fixes of an argument: shape, dtype, weak type and sharding.
+
+    Objects, not text: a call looks its program up by them, and only a file's key takes their
+    repr (which cost 1.8 ms per call of the default update, 115 arguments).
+    """
     import numpy as np
 
     return (
         np.shape(leaf),
-        str(getattr(leaf, "dtype", type(leaf).__name__)),
-        bool(getattr(leaf, "weak_type", False)),
-        repr(getattr(leaf, "sharding", None)),
+        getattr(leaf, "dtype", type(leaf)),
+        getattr(leaf, "weak_type", False),
+        getattr(leaf, "sharding", None),
     )
 
 

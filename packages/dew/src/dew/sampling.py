@@ -114,25 +114,13 @@ def sample_state(
       >>> out.tokens.shape, out.completion_mask.sum(axis=1).tolist()
       ((2, 5), [2, 2])
     """
-    sampler = _sampler(
-        graphdef, max_new_tokens, temperature, top_p, eos_id, pad_id, kv_cache, group
-    )
-    return sampler(params, prompts, prompt_lengths, key)
+    settings = (max_new_tokens, temperature, top_p, eos_id, pad_id, kv_cache, group)
+    return _sampler(graphdef, settings)(params, prompts, prompt_lengths, key)
 
 
 @functools.cache
-def _sampler(
-    graphdef: nnx.GraphDef,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    eos_id: int,
-    pad_id: int,
-    kv_cache: bool,
-    group: int,
-) -> KeptProgram:
-    """The compiled `_sample_state` of a model and settings: `(params, prompts, lengths, key)`."""
-    settings = (max_new_tokens, temperature, top_p, eos_id, pad_id, kv_cache, group)
+def _sampler(graphdef: nnx.GraphDef, settings: tuple) -> KeptProgram:
+    """The compiled `_sample_state` of a model and its settings after `graphdef`, in order."""
     jitted = jax.jit(functools.partial(_sample_state, graphdef, *settings))
     return KeptProgram(jitted, "sample", program_identity(graphdef, *settings))
 
