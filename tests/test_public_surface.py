@@ -81,7 +81,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "format", "score_texts",
     },
     "dew.rollout": {"Prompts", "StepRollout"},
-    "dew.rollout.generate": set(),
+    "dew.rollout.generate": {"DrawnRollout", "draw_rollout"},
     "dew.rollout.prompter": {"Prompts"},
     "dew.rollout.sources": {"StepRollout"},
     "dew.sampling": {"Samples", "sample_state"},

@@ -14,6 +14,7 @@ from dew.rollout import RewardError
 from dew.tasks import Reverse
 from dew.tasks.digits import answer_credit
 from dew.train import ConfigError, TrainConfig, TrainingError, train
+from dew.train.callbacks import Callback
 from dew.train.checkpoint import Checkpoints
 from dew.train.runlog import read_metrics
 
@@ -104,6 +105,63 @@ def test_ten_steps_compile_the_sampler_and_the_update_once(tmp_path, reinforce):
     assert TRACES["update"] - before.get("update", 0) == 1
     assert compiles, "the listener saw no compilation at all"
     assert [step for step in compiles if 1 <= step < 10] == []
+
+
+class _Order(Callback):
+    """Records the order of a run's update dispatches and rollout draws; can replace the params.
+
+    `replace(params)` gives the params that replace the trainer's after each step in `at`.
+    """
+
+    def __init__(self, replace=None, at=()):
+        self.events: list[str] = []
+        self.replace, self.at = replace, at
+
+    def on_start(self, trainer):
+        events, update, draw = self.events, trainer.update_fn, trainer._draw_ahead
+
+        def dispatched(*args):
+            events.append("update")
+            return update(*args)
+
+        def drawn(step):
+            events.append(f"draw {step}")
+            return draw(step)
+
+        trainer.update_fn, trainer._draw_ahead = dispatched, drawn
+
+    def on_step(self, trainer, row):
+        if row["step"] in self.at:
+            trainer.params = self.replace(trainer.params)
+
+
+def test_each_rollout_is_drawn_once_behind_the_update_before_it(tmp_path, reinforce):
+    order = _Order()
+    ahead = train(
+        small(tmp_path / "a", steps=3), objective=reinforce, quiet=True, callbacks=[order]
+    )
+    assert order.events == ["draw 1", "update", "draw 2", "update", "draw 3", "update"]
+    # The same params in a new tree: each rollout is drawn again after its step is recorded, from
+    # the same policy, prompts and key, and the run is the same.
+    copied = _Order(replace=lambda params: jax.tree.map(lambda x: x, params), at=(1, 2))
+    again = train(
+        small(tmp_path / "b", steps=3), objective=reinforce, quiet=True, callbacks=[copied]
+    )
+    assert copied.events == [
+        *("draw 1", "update", "draw 2", "draw 2", "update", "draw 3", "draw 3", "update")
+    ]
+    assert without_timing(again.history) == without_timing(ahead.history)
+
+
+def test_a_callback_that_replaces_the_params_gets_rollouts_of_its_params(tmp_path, reinforce):
+    halved = _Order(replace=lambda params: jax.tree.map(lambda x: 0.5 * x, params), at=(1,))
+    first = train(small(tmp_path / "a", steps=2), objective=reinforce, quiet=True)
+    changed = train(
+        small(tmp_path / "b", steps=2), objective=reinforce, quiet=True, callbacks=[halved]
+    )
+    assert halved.events == ["draw 1", "update", "draw 2", "draw 2", "update"]
+    assert first.history[0]["reward"] == changed.history[0]["reward"]
+    assert first.history[1]["sampled_nll"] != changed.history[1]["sampled_nll"]
 
 
 def test_resume_continues_bit_exactly(tmp_path, reinforce):

@@ -15,10 +15,12 @@ from flax import nnx
 from dew.batch import Batch
 from dew.mesh import assemble, gather_rows, process_rows, to_host
 from dew.rollout.prompter import Prompter, Prompts
-from dew.sampling import sample_state
+from dew.sampling import Samples, sample_state
 
 __all__ = [
+    "DrawnRollout",
     "Rollout",
+    "draw_rollout",
     "rollout",
 ]
 
@@ -119,7 +121,72 @@ class Rollout(NamedTuple):
     reward_weights: tuple[float, ...] = ()
 
 
-def rollout(
+class DrawnRollout(NamedTuple):
+    """A rollout whose completions are being drawn on the device: `scored` waits and scores them.
+
+    Drawing returns as soon as the sampler is dispatched, so the host can go on (the trainer
+    draws a step's completions while the update before it still runs) and score them later.
+
+    Attributes:
+      samples: the sampler's output, on the device.
+      prompter: the task in the model's tokens.
+      examples: each row's example.
+      group: completions per prompt.
+      sharding: where the batch's arrays go, or None.
+      began: when the sampler could start, for `Rollout.sample_s`.
+    """
+
+    samples: Samples
+    prompter: Prompter
+    examples: list[dict]
+    group: int
+    sharding: jax.sharding.Sharding | None
+    began: float
+
+    def scored(self) -> Rollout:
+        """The `Rollout`: the completions brought to the host and scored."""
+        samples, group, sharding = self.samples, self.group, self.sharding
+        host = (samples.tokens, samples.prompt_mask, samples.completion_mask)
+        tokens, prompt_mask, completion_mask, behavior = to_host(
+            (*host, samples.behavior_log_probs)
+        )
+        sample_s = time.perf_counter() - self.began
+        mine = process_rows(sharding, len(self.examples))
+        examples = self.examples
+        completions = _completions(tokens[mine], completion_mask[mine])
+        rewards, parts = self.prompter.score(examples[mine], completions)
+        components = _reward_components(parts)
+        placed = assemble(rewards, sharding, len(examples))
+        if components is not None:
+            components = assemble(components, sharding, len(examples))
+        rewards, parts = gather_rows((rewards, parts), sharding)
+        weights = tuple(float(reward.weight) for reward in self.prompter.rewards)
+        batch = Batch(
+            tokens=samples.tokens,
+            prompt_mask=samples.prompt_mask,
+            completion_mask=samples.completion_mask,
+            behavior_log_probs=samples.behavior_log_probs,
+            rewards=placed,
+            group=group,
+            reward_components=components,
+            reward_weights=weights,
+            shared_prefix=_shared_prefix(prompt_mask, group),
+        )
+        return Rollout(
+            batch,
+            examples,
+            tokens,
+            prompt_mask,
+            completion_mask,
+            behavior,
+            rewards,
+            parts,
+            sample_s,
+            weights,
+        )
+
+
+def draw_rollout(
     graphdef: nnx.GraphDef,
     params,
     prompter: Prompter,
@@ -131,13 +198,8 @@ def rollout(
     top_p: float = 1.0,
     kv_cache: bool = True,
     sharding: jax.sharding.Sharding | None = None,
-) -> Rollout:
-    """A `Rollout`: a scored `Batch` of `group` sampled completions per prompt.
-
-    Prompt `g` fills rows `g * group ... (g + 1) * group - 1`. Prompts are padded to the
-    prompter's width so every call has the same shapes. The batch's arrays are placed with
-    `sharding` (batch axis first) when given; with several processes each places, samples and
-    scores the rows it holds (`dew.mesh.process_rows`), and the host copies are the whole batch's.
+) -> DrawnRollout:
+    """The completions of `rollout`, dispatched to the sampler and not waited for.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -147,11 +209,9 @@ def rollout(
       >>> prompter = Prompter(get_task("reverse"), DIGITS)
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> prompts = prompter.draw(np.random.default_rng(0), 2)
-      >>> out = rollout(graphdef, params, prompter, prompts, 2, jax.random.key(0))
-      >>> out.batch.tokens.shape, out.batch.group, out.prompt_mask.sum(axis=1)
-      ((4, 9), 2, array([5, 5, 5, 5]))
-      >>> bool(((0 <= out.rewards) & (out.rewards <= 1)).all())
-      True
+      >>> drawn = draw_rollout(graphdef, params, prompter, prompts, 2, jax.random.key(0))
+      >>> drawn.samples.tokens.shape, drawn.scored().rewards.shape
+      ((4, 9), (4,))
     """
     began = time.perf_counter()
     expanded = [prompt for prompt in prompts.tokens for _ in range(group)]
@@ -174,38 +234,54 @@ def rollout(
         kv_cache=kv_cache,
         group=group,
     )
-    tokens, prompt_mask, completion_mask, behavior = to_host(
-        (samples.tokens, samples.prompt_mask, samples.completion_mask, samples.behavior_log_probs)
+    return DrawnRollout(samples, prompter, examples, group, sharding, began)
+
+
+def rollout(
+    graphdef: nnx.GraphDef,
+    params,
+    prompter: Prompter,
+    prompts: Prompts,
+    group: int,
+    key: jax.Array,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    kv_cache: bool = True,
+    sharding: jax.sharding.Sharding | None = None,
+) -> Rollout:
+    """A `Rollout`: a scored `Batch` of `group` sampled completions per prompt.
+
+    Prompt `g` fills rows `g * group ... (g + 1) * group - 1`. Prompts are padded to the
+    prompter's width so every call has the same shapes. The batch's arrays are placed with
+    `sharding` (batch axis first) when given; with several processes each places, samples and
+    scores the rows it holds (`dew.mesh.process_rows`), and the host copies are the whole batch's.
+    It is `draw_rollout(...).scored()`.
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> prompts = prompter.draw(np.random.default_rng(0), 2)
+      >>> out = rollout(graphdef, params, prompter, prompts, 2, jax.random.key(0))
+      >>> out.batch.tokens.shape, out.batch.group, out.prompt_mask.sum(axis=1)
+      ((4, 9), 2, array([5, 5, 5, 5]))
+      >>> bool(((0 <= out.rewards) & (out.rewards <= 1)).all())
+      True
+    """
+    drawn = draw_rollout(
+        graphdef,
+        params,
+        prompter,
+        prompts,
+        group,
+        key,
+        temperature=temperature,
+        top_p=top_p,
+        kv_cache=kv_cache,
+        sharding=sharding,
     )
-    sample_s = time.perf_counter() - began
-    completions = _completions(tokens[mine], completion_mask[mine])
-    rewards, parts = prompter.score(examples[mine], completions)
-    components = _reward_components(parts)
-    placed = assemble(rewards, sharding, len(examples))
-    if components is not None:
-        components = assemble(components, sharding, len(examples))
-    rewards, parts = gather_rows((rewards, parts), sharding)
-    weights = tuple(float(reward.weight) for reward in prompter.rewards)
-    batch = Batch(
-        tokens=samples.tokens,
-        prompt_mask=samples.prompt_mask,
-        completion_mask=samples.completion_mask,
-        behavior_log_probs=samples.behavior_log_probs,
-        rewards=placed,
-        group=group,
-        reward_components=components,
-        reward_weights=weights,
-        shared_prefix=_shared_prefix(prompt_mask, group),
-    )
-    return Rollout(
-        batch,
-        examples,
-        tokens,
-        prompt_mask,
-        completion_mask,
-        behavior,
-        rewards,
-        parts,
-        sample_s,
-        weights,
-    )
+    return drawn.scored()

@@ -4,9 +4,11 @@ Per step `s` (1-based): prompts come from `numpy.random.default_rng([seed, s])` 
 is `fold_in(key(seed), s)`, so a resumed run replays the steps it skipped exactly. A step is
 `rollout` (sample and score the prompts), `batch` (the objective's batch source builds what it
 trains on), `update` (one compiled function), `evaluate` (every `--eval-every` steps) and `record`
-(the metrics row, handed to the callbacks). A non-finite loss stops the run before its state can
-be saved, and a reward function that raises stops it with the function and sample named: both
-leave the last checkpoint as it was.
+(the metrics row, handed to the callbacks). The next step's prompts are drawn and its sampler
+dispatched while the update still runs (`_Ahead`): the device takes it up the moment the update
+is done, instead of after the host has recorded the step. A non-finite loss stops the run
+before its state can be saved, and a reward function that raises stops it with the function and
+sample named: both leave the last checkpoint as it was.
 """
 
 import dataclasses
@@ -28,7 +30,8 @@ from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
 from dew.models.lora import _adapters_off, add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
-from dew.rollout import Prompter, Prompts, Rollout, StepRollout, rollout
+from dew.rollout import Prompter, Prompts, Rollout, StepRollout
+from dew.rollout.generate import DrawnRollout, draw_rollout
 from dew.tasks import Task
 from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
@@ -91,6 +94,22 @@ def _step_prompts(prompter: Prompter, seed: int, step: int, n: int) -> Prompts:
       True
     """
     return prompter.draw(np.random.default_rng([seed, step]), n)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """A step's rollout, dispatched during the update before it, from that update's parameters."""
+
+    step: int
+    params: Any
+    frozen: Any
+    prompts: Prompts
+    key: jax.Array
+    drawn: DrawnRollout
+
+    def holds(self, step: int, params, frozen) -> bool:
+        """Whether it is step `step`'s, from `params` and `frozen` (no callback replaced them)."""
+        return self.step == step and self.params is params and self.frozen is frozen
 
 
 class Trainer:
@@ -162,6 +181,7 @@ class Trainer:
             *callbacks,
         ]
         self.saved: int | None = self.step if resumed else None
+        self.ahead: _Ahead | None = None
 
     def _open(self, source: ModelSource, changes: dict[str, Any]) -> None:
         """Load and place the policy, restore a resumed run, and write the run's record."""
@@ -282,8 +302,12 @@ class Trainer:
 
     def sample(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
         """A scored `Rollout` of `group` completions per prompt from the current policy."""
+        return self._draw(prompts, group, key, temperature).scored()
+
+    def _draw(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
+        """`sample`'s completions, dispatched and not waited for (a `DrawnRollout`)."""
         options = self.config.rollout
-        return rollout(
+        return draw_rollout(
             self.graphdef,
             self.policy_params(),
             self.prompter,
@@ -297,27 +321,40 @@ class Trainer:
         )
 
     def rollout_phase(self, step: int) -> StepRollout:
-        """Sample and score the step's prompts."""
+        """Sample and score the step's prompts, drawn already if the last update drew them."""
         config = self.config
-        prompts = _step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
-        key = jax.random.fold_in(jax.random.key(config.run.seed), step)
-        group = self.objective.source.sampled_group(config.rollout.group)
-        sampled = self.sample(prompts, group, key)
+        ahead, self.ahead = self.ahead, None
+        if ahead is None or not ahead.holds(step, self.params, self.frozen):
+            ahead = self._draw_ahead(step)
+        sampled = ahead.drawn.scored()
         self.last_rollout = sampled
         return StepRollout(
             sampled,
-            prompts,
+            ahead.prompts,
             self.prompter,
             step,
             config.run.seed,
             config.rollout.group,
-            key,
+            ahead.key,
             self.sample,
             self.rows,
         )
 
-    def update_phase(self, batch: Batch) -> dict[str, float]:
-        """The compiled update on `batch` (packed under `--pack`); its metrics on the host."""
+    def _draw_ahead(self, step: int) -> _Ahead:
+        """Step `step`'s prompts and their completions, dispatched from the current policy."""
+        config = self.config
+        prompts = _step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
+        key = jax.random.fold_in(jax.random.key(config.run.seed), step)
+        group = self.objective.source.sampled_group(config.rollout.group)
+        drawn = self._draw(prompts, group, key)
+        return _Ahead(step, self.params, self.frozen, prompts, key, drawn)
+
+    def update_phase(self, batch: Batch, *, draw_next: int | None = None) -> dict[str, float]:
+        """The compiled update on `batch` (packed under `--pack`); its metrics on the host.
+
+        With `draw_next`, step `draw_next`'s rollout is dispatched behind the update before its
+        metrics are waited for (`rollout_phase` takes it up).
+        """
         packing, packed = None, {}
         if self.config.memory.pack:
             micro_batches = self.config.update.micro_batches
@@ -327,7 +364,13 @@ class Trainer:
         self.params, self.opt_state, metrics = self.update_fn(
             self.params, self.opt_state, self.frozen, self.ref_params, batch, packing
         )
-        return {**{k: v.item() for k, v in to_host(metrics).items()}, **packed}
+        if draw_next is not None:
+            self.ahead = self._draw_ahead(draw_next)
+        metrics = to_host(metrics)
+        if self.ahead is not None:  # its sampler starts now, the update done
+            drawn = self.ahead.drawn._replace(began=time.perf_counter())
+            self.ahead = dataclasses.replace(self.ahead, drawn=drawn)
+        return {**{k: v.item() for k, v in metrics.items()}, **packed}
 
     def evaluate_phase(self, step: int) -> dict[str, float]:
         """The held-out evaluation every `--eval-every` steps and at the last; else nothing."""
@@ -355,7 +398,8 @@ class Trainer:
             rolled = self.rollout_phase(step)
             batch, source_metrics = self.objective.source.batch(rolled)
             rollout_s = time.perf_counter() - began
-            metrics = self.update_phase(batch)
+            following = step + 1 if step < self.config.run.steps else None
+            metrics = self.update_phase(batch, draw_next=following)
         except (MemoryError, jax.errors.JaxRuntimeError) as error:
             if not _out_of_memory(error):
                 raise
