@@ -5,9 +5,9 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
 `<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->`,
 `<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
-`<!-- bench: trl_grpo -->` or `<!-- bench: trl_grpo_kept -->`; the hook replaces each with a
-table of the numbers the scripts last wrote, so the page shows what was measured, not what
-someone typed. The prose around the tables
+`<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_ahead -->` or
+`<!-- bench: train_ahead -->`; the hook replaces each with a table of the numbers the scripts last
+wrote, so the page shows what was measured, not what someone typed. The prose around the tables
 quotes the same files.
 """
 
@@ -117,10 +117,10 @@ TRAIN_ROWS = [
 ]
 
 
-def train_table() -> str:
-    """The default `dew train` job: one column per label and cache setting, medians over seeds."""
+def train_table(name: str = "train") -> str:
+    """The default `dew train` job (results `name`): a column per label and cache, medians."""
     columns = {}
-    for label, record in load("train")["labels"].items():
+    for label, record in load(name)["labels"].items():
         for run in record["runs"]:
             columns.setdefault((label, record["commit"], run["cache"]), []).append(run)
     rows = [
@@ -385,15 +385,15 @@ def expand(match: re.Match) -> str:
         return gae_forms_table()
     if table == "gae_tunix":
         return gae_tunix_table()
-    if table == "train":
-        return train_table()
+    if table in ("train", "train_ahead"):
+        return train_table(table)
     if table in ("defaults", "defaults_kl_bound"):
         return defaults_table(table)
     if table == "sampler":
         return sampler_table()
     if table in ("smollm2_arithmetic", "smollm2_lora"):
         return smollm2_table(table)
-    if table in ("trl_grpo", "trl_grpo_kept"):
+    if table in ("trl_grpo", "trl_grpo_kept", "trl_grpo_ahead"):
         return trl_grpo_table(table)
     if table == "models":
         return models_table()
