@@ -102,7 +102,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.train.plot": {"plot_run"},
     "dew.train.runlog": {"CONFIG", "METRICS", "read_config", "read_metrics"},
     "dew.train.trainer": {"greedy_reward"},
-    "dew.train.update": {"UpdateSpec", "make_update", "optimizer"},
+    "dew.train.update": {"UpdateSpec", "make_reference", "make_update", "optimizer"},
 }  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dew._traces import TRACES
+from dew.objective import load_objective
 from dew.objectives.sft import SFT
 from dew.rewards import Reward
 from dew.rollout import RewardError
@@ -162,6 +163,37 @@ def test_a_callback_that_replaces_the_params_gets_rollouts_of_its_params(tmp_pat
     assert halved.events == ["draw 1", "update", "draw 2", "draw 2", "update"]
     assert first.history[0]["reward"] == changed.history[0]["reward"]
     assert first.history[1]["sampled_nll"] != changed.history[1]["sampled_nll"]
+
+
+class _References(Callback):
+    """Records whether each batch reaches the update with its reference log-probs."""
+
+    def __init__(self):
+        self.seen: list[bool] = []
+
+    def on_start(self, trainer):
+        update, self.trainer = trainer.update_fn, trainer
+
+        def dispatched(params, opt_state, frozen, ref_params, batch, packing=None):
+            self.seen.append(batch.ref_log_probs is not None)
+            return update(params, opt_state, frozen, ref_params, batch, packing)
+
+        trainer.update_fn = dispatched
+
+
+def test_a_kl_objective_gets_the_reference_log_probs_with_its_rollout_unless_packed(tmp_path):
+    run, packed = _References(), _References()
+    train(small(tmp_path / "a", objective="grpo", steps=2), quiet=True, callbacks=[run])
+    packing = small(tmp_path / "b", objective="grpo", steps=2, pack=True)
+    train(packing, quiet=True, callbacks=[packed])
+    assert run.seen == [True, True]  # their pass ran while the host scored the rollout
+    assert packed.seen == [False, False]  # the update's packed pass computes them
+    # Dynamic sampling builds a batch of its own rows: from its first step on, no pass is wasted.
+    dynamic, refilled = _References(), load_objective("grpo", {"dynamic_sampling": True})
+    config = small(tmp_path / "c", objective="grpo", steps=2)
+    train(config, objective=refilled, quiet=True, callbacks=[dynamic])
+    assert dynamic.seen == [False, False] and dynamic.trainer.reference_spec is None
+    assert run.trainer.reference_spec is not None
 
 
 def test_resume_continues_bit_exactly(tmp_path, reinforce):

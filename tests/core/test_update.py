@@ -12,6 +12,7 @@ from dew.batch import Batch
 from dew.models.llama import build
 from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
+from dew.objective import load_objective
 from dew.objectives.sft import SFT
 from dew.rollout import Prompter, rollout
 from dew.tasks import get_task
@@ -23,6 +24,7 @@ from dew.train.update import (
     _outputs_of,
     _rollout_fields,
     _split_micro_batches,
+    make_reference,
     make_update,
     optimizer,
 )
@@ -130,6 +132,33 @@ def test_rollout_fields_are_the_current_policys(setup):
     np.testing.assert_allclose(filled.old_log_probs, expected, atol=1e-6)
     assert filled.ref_log_probs is None and filled.values is None
     np.testing.assert_allclose(filled.old_log_probs, batch.behavior_log_probs, atol=1e-5)
+
+
+def test_the_reference_pass_on_its_own_gives_the_updates_reference_log_probs(setup):
+    graphdef, params, batch = setup
+    grpo = load_objective("grpo")
+    spec = UpdateSpec(graphdef, grpo, OptimizerOptions(lr=1e-3), UpdateOptions(2, 1))
+    reference = make_reference(spec, batch.group, batch.shared_prefix)
+    ref_params = jax.tree.map(lambda x: x + 0.05, params)  # a reference apart from the policy
+    rows = (batch.tokens, batch.prompt_mask, batch.completion_mask)
+    own = reference(ref_params, {}, *rows)
+    inside = _rollout_fields(graphdef, params, ref_params, batch, grpo).ref_log_probs
+    mask = batch.completion_mask
+    np.testing.assert_allclose(jnp.where(mask, own, 0), jnp.where(mask, inside, 0), atol=1e-6)
+    # The update keeps a batch's reference log-probs: the same numbers give the same step, and
+    # others (the sampling policy's own: no KL but what the first optimizer step moves) another.
+    update = make_update(spec)
+    state = optimizer(spec.optimizer).init(params)
+
+    def stepped(batch):
+        fresh = jax.tree.map(jnp.array, params)
+        return update(fresh, jax.tree.map(jnp.array, state), {}, ref_params, batch)
+
+    computed, given = stepped(batch), stepped(batch.replace(ref_log_probs=own))
+    for a, b in zip(jax.tree.leaves(computed), jax.tree.leaves(given), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    unreferenced = stepped(batch.replace(ref_log_probs=batch.behavior_log_probs))
+    assert abs(float(unreferenced[2]["kl"])) < 0.01 * float(computed[2]["kl"])
 
 
 def test_a_nan_loss_is_reported_not_hidden(setup):

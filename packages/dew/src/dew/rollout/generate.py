@@ -133,6 +133,7 @@ class DrawnRollout(NamedTuple):
       examples: each row's example.
       group: completions per prompt.
       sharding: where the batch's arrays go, or None.
+      shared_prefix: the positions every group's rows hold in common (`Batch.shared_prefix`).
       began: when the sampler could start, for `Rollout.sample_s`.
     """
 
@@ -141,6 +142,7 @@ class DrawnRollout(NamedTuple):
     examples: list[dict]
     group: int
     sharding: jax.sharding.Sharding | None
+    shared_prefix: int
     began: float
 
     def scored(self) -> Rollout:
@@ -170,7 +172,7 @@ class DrawnRollout(NamedTuple):
             group=group,
             reward_components=components,
             reward_weights=weights,
-            shared_prefix=_shared_prefix(prompt_mask, group),
+            shared_prefix=self.shared_prefix,
         )
         return Rollout(
             batch,
@@ -217,6 +219,7 @@ def draw_rollout(
     expanded = [prompt for prompt in prompts.tokens for _ in range(group)]
     examples = [example for example in prompts.examples for _ in range(group)]
     padded, lengths = _pad_prompts(expanded, prompter.width, prompter.pad_id)
+    shared_prefix = _shared_prefix(np.arange(prompter.width) < lengths[:, None], group)
     # Each process places the prompts of the rows it holds, samples them and scores them.
     mine = process_rows(sharding, len(expanded))
     padded, lengths = (assemble(x[mine], sharding, len(expanded)) for x in (padded, lengths))
@@ -234,7 +237,7 @@ def draw_rollout(
         kv_cache=kv_cache,
         group=group,
     )
-    return DrawnRollout(samples, prompter, examples, group, sharding, began)
+    return DrawnRollout(samples, prompter, examples, group, sharding, shared_prefix, began)
 
 
 def rollout(

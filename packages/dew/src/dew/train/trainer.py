@@ -48,7 +48,7 @@ from dew.train.callbacks import (
 from dew.train.checkpoint import Checkpoints
 from dew.train.config import ConfigError, TrainConfig, _make_prompter, _resolve, validate
 from dew.train.runlog import _default_run_dir, _write_config, read_config
-from dew.train.update import UpdateSpec, _compiled_update, optimizer
+from dew.train.update import UpdateSpec, _compiled_reference, _compiled_update, optimizer
 
 __all__ = [
     "TrainResult",
@@ -106,6 +106,7 @@ class _Ahead:
     prompts: Prompts
     key: jax.Array
     drawn: DrawnRollout
+    reference: jax.Array | None
 
     def holds(self, step: int, params, frozen) -> bool:
         """Whether it is step `step`'s, from `params` and `frozen` (no callback replaced them)."""
@@ -255,6 +256,11 @@ class Trainer:
             config.precision.compute_dtype,
         )
         self.update_fn = _compiled_update(spec)
+        # The reference pass runs beside the host's scoring (`_draw`), unless the rows are packed
+        # (a pass of its own would not save the memory packing saves) or, from its first step on,
+        # the objective's source trains on rows of its own rather than the rollout's.
+        early = self.objective.needs_reference and not config.memory.pack
+        self.reference_spec = spec if early else None
 
     def policy_params(self):
         """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
@@ -301,13 +307,17 @@ class Trainer:
         return f"checkpoint of step {self.saved} kept"
 
     def sample(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
-        """A scored `Rollout` of `group` completions per prompt from the current policy."""
-        return self._draw(prompts, group, key, temperature).scored()
+        """A scored `Rollout` of `group` completions per prompt from the current policy.
+
+        Its batch carries the reference's log-probs when the objective has a KL term (and the
+        rows are not packed): their pass runs while the host scores the completions.
+        """
+        return _scored(*self._draw(prompts, group, key, temperature))
 
     def _draw(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
-        """`sample`'s completions, dispatched and not waited for (a `DrawnRollout`)."""
+        """`sample`'s completions and their reference log-probs (or None), dispatched."""
         options = self.config.rollout
-        return draw_rollout(
+        drawn = draw_rollout(
             self.graphdef,
             self.policy_params(),
             self.prompter,
@@ -319,6 +329,12 @@ class Trainer:
             kv_cache=options.kv_cache,
             sharding=self.rows,
         )
+        if self.reference_spec is None:
+            return drawn, None
+        reference = _compiled_reference(self.reference_spec, group, drawn.shared_prefix)
+        samples = drawn.samples
+        rows = (samples.tokens, samples.prompt_mask, samples.completion_mask)
+        return drawn, reference(self.ref_params, self.frozen, *rows)
 
     def rollout_phase(self, step: int) -> StepRollout:
         """Sample and score the step's prompts, drawn already if the last update drew them."""
@@ -326,7 +342,7 @@ class Trainer:
         ahead, self.ahead = self.ahead, None
         if ahead is None or not ahead.holds(step, self.params, self.frozen):
             ahead = self._draw_ahead(step)
-        sampled = ahead.drawn.scored()
+        sampled = _scored(ahead.drawn, ahead.reference)
         self.last_rollout = sampled
         return StepRollout(
             sampled,
@@ -346,8 +362,8 @@ class Trainer:
         prompts = _step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
         key = jax.random.fold_in(jax.random.key(config.run.seed), step)
         group = self.objective.source.sampled_group(config.rollout.group)
-        drawn = self._draw(prompts, group, key)
-        return _Ahead(step, self.params, self.frozen, prompts, key, drawn)
+        drawn, reference = self._draw(prompts, group, key)
+        return _Ahead(step, self.params, self.frozen, prompts, key, drawn, reference)
 
     def update_phase(self, batch: Batch, *, draw_next: int | None = None) -> dict[str, float]:
         """The compiled update on `batch` (packed under `--pack`); its metrics on the host.
@@ -397,6 +413,8 @@ class Trainer:
         try:
             rolled = self.rollout_phase(step)
             batch, source_metrics = self.objective.source.batch(rolled)
+            if batch.ref_log_probs is None:  # a source of its own rows: the update's pass runs
+                self.reference_spec = None
             rollout_s = time.perf_counter() - began
             following = step + 1 if step < self.config.run.steps else None
             metrics = self.update_phase(batch, draw_next=following)
@@ -471,6 +489,14 @@ class Trainer:
             self.checkpoints.close()
             self.lock.release()
         return self.log.rows
+
+
+def _scored(drawn: DrawnRollout, reference: jax.Array | None) -> Rollout:
+    """`drawn`'s scored `Rollout`, its batch carrying `reference` as `ref_log_probs` if given."""
+    sampled = drawn.scored()
+    if reference is None:
+        return sampled
+    return sampled._replace(batch=sampled.batch.replace(ref_log_probs=reference))
 
 
 def _out_of_memory(error: Exception) -> bool:

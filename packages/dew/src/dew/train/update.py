@@ -4,7 +4,9 @@ Per call: the rollout-time log-probs (`old_log_probs`, and `ref_log_probs` or `v
 objective asks), `objective.prepare` on the whole batch, then `updates` optimizer steps. The
 old log-probs and values are the current policy's, so no pass runs for them alone: with one
 micro-batch the first step's own pass provides them (`_rollout_fields_of`), and with one step per
-rollout and no value head the loss's pass does (`_with_old_log_probs`). Each step
+rollout and no value head the loss's pass does (`_with_old_log_probs`). The reference's
+log-probs come with the batch when the trainer ran their pass while scoring the rollout
+(`make_reference`); else the update runs it. Each step
 splits the batch into `micro_batches` group-aligned parts, runs the policy once per part
 (`policy_outputs`), hands the outputs to the objective's loss and combines the gradients as
 
@@ -37,6 +39,7 @@ from dew.train.config import MemoryOptions, OptimizerOptions, UpdateOptions
 
 __all__ = [
     "UpdateSpec",
+    "make_reference",
     "make_update",
     "optimizer",
 ]
@@ -177,8 +180,9 @@ def _rollout_fields(
     same policy, the same numbers, one forward pass fewer. The reference is the policy
     `(graphdef, ref_params, frozen)`: a copy of the initial parameters, or for a LoRA run its
     adapters at zero over the shared base; no reference pass runs when the objective has no KL
-    term (`needs_reference` false). `packing` (of the whole batch) runs both passes on packed
-    rows; `compute_dtype` is the passes' (`_outputs_of`).
+    term (`needs_reference` false) or when `batch` comes with its `ref_log_probs` (the trainer
+    runs `make_reference`'s pass while the host scores the rollout). `packing` (of the whole
+    batch) runs both passes on packed rows; `compute_dtype` is the passes' (`_outputs_of`).
 
     Examples:
       >>> import numpy as np
@@ -211,7 +215,7 @@ def _rollout_fields(
     if policy_pass:
         outputs = jax.lax.stop_gradient(run(params, batch, objective.needs_values))
         batch = batch.replace(old_log_probs=outputs.log_probs, values=outputs.values)
-    if objective.needs_reference:
+    if objective.needs_reference and batch.ref_log_probs is None:
         reference = run(ref_params, batch, False)
         batch = batch.replace(ref_log_probs=jax.lax.stop_gradient(reference.log_probs))
     return batch
@@ -480,19 +484,68 @@ def make_update(spec: UpdateSpec):
     return laid_out_update
 
 
+def make_reference(spec: UpdateSpec, group: int, shared_prefix: int):
+    """The jitted `reference(ref_params, frozen, tokens, prompt_mask, completion_mask)`.
+
+    It returns the `[B, T]` log-probs, detached, that the reference policy `(spec.graphdef,
+    ref_params, frozen)` gives each token of rows laid out as a rollout's: `group` completions
+    per prompt, the first `shared_prefix` positions common to a group (`Batch.shared_prefix`).
+    They are the reference pass of `make_update` (`_rollout_fields`), run on its own: the trainer
+    dispatches it as soon as a rollout's completions are drawn, so the device runs it while the
+    host scores them, and the update then takes the batch's `ref_log_probs` as they are.
+
+    Examples:
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.objectives.sft import SFT
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> spec = UpdateSpec(graphdef, SFT(), OptimizerOptions(), UpdateOptions())
+      >>> tokens = jnp.array([[1, 5, 6, 2], [1, 5, 7, 2]])
+      >>> reference = make_reference(spec, group=2, shared_prefix=2)
+      >>> log_probs = reference(nnx.to_pure_dict(params), {}, tokens, tokens < 5, tokens >= 5)
+      >>> log_probs.shape, bool((log_probs[:, 2] < 0).all())
+      ((2, 4), True)
+    """
+
+    def reference(ref_params, frozen, tokens, prompt_mask, completion_mask):
+        count_trace("reference")
+        zeros = jnp.zeros(tokens.shape, jnp.float32)
+        rows = Batch(
+            tokens,
+            prompt_mask,
+            completion_mask,
+            zeros,
+            zeros[:, 0],
+            group=group,
+            shared_prefix=shared_prefix,
+        )
+        outputs = _outputs_of(
+            spec.graphdef,
+            ref_params,
+            rows,
+            False,
+            frozen=frozen,
+            memory=spec.memory,
+            compute_dtype=spec.compute_dtype,
+        )
+        return jax.lax.stop_gradient(outputs.log_probs)
+
+    settings = (spec.memory, spec.compute_dtype, group, shared_prefix)
+    identity = program_identity(spec.graphdef, *settings)
+    return KeptProgram(jax.jit(reference), "reference", identity)
+
+
 def _settings(spec: UpdateSpec) -> tuple:
     """`spec`'s fields other than the model, as `program_identity` takes them."""
     fields = dataclasses.fields(spec)
     return tuple(getattr(spec, f.name) for f in fields if f.name != "graphdef")
 
 
-_COMPILED: dict[UpdateSpec, Callable] = {}
+_COMPILED: dict[tuple, Callable] = {}
 
 
 def _compiled_update(spec: UpdateSpec) -> Callable:
-    """`make_update(spec)`, reused across runs of the same spec in one process.
-
-    An objective that cannot be hashed (a plain class with mutable state) gets a fresh update.
+    """`make_update(spec)`, reused across runs of the same spec in one process (`_reused`).
 
     Examples:
       >>> from dew.models.llama import build
@@ -503,12 +556,26 @@ def _compiled_update(spec: UpdateSpec) -> Callable:
       >>> _compiled_update(spec) is _compiled_update(spec)
       True
     """
+    return _reused(make_update, spec)
+
+
+def _compiled_reference(spec: UpdateSpec, group: int, shared_prefix: int) -> Callable:
+    """`make_reference(spec, group, shared_prefix)`, reused the same way (`_reused`)."""
+    return _reused(make_reference, spec, group, shared_prefix)
+
+
+def _reused(make: Callable, *args) -> Callable:
+    """`make(*args)`, made once per process for equal `args`.
+
+    Arguments that cannot be hashed (an objective of a plain class with mutable state) get a
+    fresh one.
+    """
     try:
-        cached = _COMPILED.get(spec)
+        cached = _COMPILED.get((make, *args))
     except TypeError:
-        return make_update(spec)
+        return make(*args)
     if cached is None:
-        cached = _COMPILED[spec] = make_update(spec)
+        cached = _COMPILED[(make, *args)] = make(*args)
     return cached
 
 
