@@ -81,8 +81,10 @@ def test_one_and_two_micro_batches_give_the_same_params(setup, objective, reinfo
     chosen = SFT() if objective == "sft" else reinforce
     whole, _, m1 = run_update(graphdef, params, batch, chosen, 1)
     split, _, m2 = run_update(graphdef, params, batch, chosen, 2)
+    # Adam divides by the gradient's own scale: rounding in a near-zero gradient moves a weight
+    # by up to ~1e-3 of a step (lr 1e-3), against ~1 for a wrong combination.
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, b, atol=3e-6)
     np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-5, atol=1e-6)
     assert bool(m1["finite"])
 

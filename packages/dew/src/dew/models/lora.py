@@ -79,7 +79,11 @@ class LoRALinear(nnx.LoRALinear):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = nnx.Linear.__call__(self, x)
-        return y + (self.scale * self.lora(x)).astype(y.dtype)
+        return y + self.adapter(x).astype(y.dtype)
+
+    def adapter(self, x: jax.Array) -> jax.Array:
+        """The low-rank update's part of the output, `(alpha / rank) x A B`, in float32."""
+        return self.scale * self.lora(x)
 
     def merged_kernel(self) -> jax.Array:
         """`W + (alpha / rank) A B` in `W`'s dtype, summed in float32."""
