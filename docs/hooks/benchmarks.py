@@ -5,8 +5,8 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
 `<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->`,
 `<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
-`<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_ahead -->` or
-`<!-- bench: train_ahead -->`; the hook replaces each with a table of the numbers the scripts last
+`<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->` or
+`<!-- bench: train_overlap -->`; the hook replaces each with a table of the numbers the scripts last
 wrote, so the page shows what was measured, not what someone typed. The prose around the tables
 quotes the same files.
 """
@@ -385,7 +385,7 @@ def expand(match: re.Match) -> str:
         return gae_forms_table()
     if table == "gae_tunix":
         return gae_tunix_table()
-    if table in ("train", "train_ahead"):
+    if table in ("train", "train_overlap"):
         return train_table(table)
     if table in ("defaults", "defaults_kl_bound"):
         return defaults_table(table)
@@ -393,7 +393,7 @@ def expand(match: re.Match) -> str:
         return sampler_table()
     if table in ("smollm2_arithmetic", "smollm2_lora"):
         return smollm2_table(table)
-    if table in ("trl_grpo", "trl_grpo_kept", "trl_grpo_ahead"):
+    if table in ("trl_grpo", "trl_grpo_kept", "trl_grpo_overlap"):
         return trl_grpo_table(table)
     if table == "models":
         return models_table()
