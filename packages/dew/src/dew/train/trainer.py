@@ -11,6 +11,7 @@ before its state can be saved, and a reward function that raises stops it with t
 sample named: both leave the last checkpoint as it was.
 """
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -182,6 +183,7 @@ class Trainer:
             *callbacks,
         ]
         self.saved: int | None = self.step if resumed else None
+        self.saving: int | None = None
         self.ahead: _Ahead | None = None
 
     def _open(self, source: ModelSource, changes: dict[str, Any]) -> None:
@@ -286,22 +288,41 @@ class Trainer:
         self.step = step
 
     def save(self) -> None:
-        """Checkpoint the current state as the checkpoint of the current step.
+        """Start checkpointing the current state as the checkpoint of the current step.
 
-        `TrainingError` when it cannot be written (a full disk, a folder gone): the checkpoints
-        saved before stay as they were.
+        The files are written in the background while training goes on (`Checkpoints.save`);
+        the save before is finished first (`finish_save`), and the last one before the run
+        ends. `TrainingError` when a checkpoint cannot be written (a full disk, a folder gone),
+        here or where it is finished: the checkpoints saved before stay as they were.
         """
+        self.finish_save()
         try:
             self.checkpoints.save(self.step, self.state())
         except OSError as error:
-            raise TrainingError(
-                f"could not write the checkpoint of step {self.step} in "
-                f"{self.checkpoints.directory}: {error.strerror or error}; {self._kept()}"
-            ) from error
-        self.saved = self.step
+            raise self._unsaved(self.step, error) from error
+        self.saving = self.step
+
+    def finish_save(self) -> None:
+        """Wait until the checkpoint being written is complete; `TrainingError` if it failed."""
+        step, self.saving = self.saving, None
+        if step is None:
+            return
+        try:
+            self.checkpoints.wait()
+        except OSError as error:
+            raise self._unsaved(step, error) from error
+        self.saved = step
         release_freed()
 
+    def _unsaved(self, step: int, error: OSError) -> "TrainingError":
+        return TrainingError(
+            f"could not write the checkpoint of step {step} in "
+            f"{self.checkpoints.directory}: {error.strerror or error}; {self._kept()}"
+        )
+
     def _kept(self) -> str:
+        with contextlib.suppress(TrainingError):  # a save that fails is not kept, as said here
+            self.finish_save()
         if self.saved is None:
             return "no checkpoint saved"
         return f"checkpoint of step {self.saved} kept"
@@ -451,6 +472,7 @@ class Trainer:
             for callback in self.callbacks:
                 callback.on_metrics(self, row)
         except OSError as error:
+            self.finish_save()  # a checkpoint that failed before it is the error to name
             raise TrainingError(
                 f"could not write the metrics of step {row['step']} in {self.run_dir}: "
                 f"{error.strerror or error}; {self._kept()}"
@@ -481,6 +503,7 @@ class Trainer:
                 self._check({**row, "finite": finite})
                 for callback in self.callbacks:
                     callback.on_step(self, row)
+            self.finish_save()
         finally:
             unsettle()
             release_freed()  # before the end's plot and evaluation add theirs
