@@ -147,15 +147,11 @@ class DrawnRollout(NamedTuple):
 
     def scored(self) -> Rollout:
         """The `Rollout`: the completions brought to the host and scored."""
-        samples, group, sharding = self.samples, self.group, self.sharding
-        host = (samples.tokens, samples.prompt_mask, samples.completion_mask)
-        tokens, prompt_mask, completion_mask, behavior = to_host(
-            (*host, samples.behavior_log_probs)
-        )
+        samples, group, sharding, examples = self.samples, self.group, self.sharding, self.examples
+        host = to_host(samples)
         sample_s = time.perf_counter() - self.began
-        mine = process_rows(sharding, len(self.examples))
-        examples = self.examples
-        completions = _completions(tokens[mine], completion_mask[mine])
+        mine = process_rows(sharding, len(examples))
+        completions = _completions(host.tokens[mine], host.completion_mask[mine])
         rewards, parts = self.prompter.score(examples[mine], completions)
         components = _reward_components(parts)
         placed = assemble(rewards, sharding, len(examples))
@@ -177,10 +173,10 @@ class DrawnRollout(NamedTuple):
         return Rollout(
             batch,
             examples,
-            tokens,
-            prompt_mask,
-            completion_mask,
-            behavior,
+            host.tokens,
+            host.prompt_mask,
+            host.completion_mask,
+            host.behavior_log_probs,
             rewards,
             parts,
             sample_s,
