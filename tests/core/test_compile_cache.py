@@ -164,11 +164,13 @@ def test_a_second_dew_train_traces_neither_its_sampler_nor_its_update(tmp_path):
     import sys
 
     script = (
-        "import sys; from dew import cli; from dew._traces import TRACES; "
-        "code = cli.main(sys.argv[1:]); print(sorted(TRACES.items())); sys.exit(code)"
+        "import sys; from dew import cli, compile_cache; from dew._traces import TRACES; "
+        "code = cli.main(sys.argv[1:]); pre = compile_cache._preloads; "
+        "print(sorted(pre.names), sorted(pre.loaded)); print(sorted(TRACES.items())); "
+        "sys.exit(code)"
     )
     environment = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
-    traces, losses = [], []
+    traces, losses, preloads = [], [], []
     for run in ("first", "second"):
         argv = ["train", "--model", "tiny", "--prompts", "4", "--steps", "2", "--quiet"]
         argv += ["--eval-every", "0", "--out", str(tmp_path / run)]
@@ -176,12 +178,17 @@ def test_a_second_dew_train_traces_neither_its_sampler_nor_its_update(tmp_path):
             [sys.executable, "-c", script, *argv], env=environment, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
-        traces.append(dict(eval(done.stdout.strip().splitlines()[-1])))
+        *_, preloaded, traced = done.stdout.strip().splitlines()
+        traces.append(dict(eval(traced)))
+        preloads.append(preloaded)
         rows = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
         losses.append([json.loads(row)["loss"] for row in rows])
     assert traces[0]["update"] == 1 and traces[0]["sample"] >= 1
     assert "update" not in traces[1] and "sample" not in traces[1]
     assert losses[1] == losses[0]
+    # The second run preloaded every program the first used, and took each one it loaded.
+    assert preloads[0] == "[] []"
+    assert "'update-" in preloads[1] and "'sample-" in preloads[1] and preloads[1].endswith(" []")
 
 
 def test_a_program_jax_loaded_from_its_cache_is_compiled_afresh_before_it_is_kept(own_cache):
@@ -199,3 +206,49 @@ def test_a_program_jax_loaded_from_its_cache_is_compiled_afresh_before_it_is_kep
     KeptProgram(jitted, "wave", "wave")(x)
     loaded = KeptProgram(jax.jit(wave), "wave", "wave")(x)  # a new process's: from the file
     np.testing.assert_allclose(loaded, wave(np.linspace(0.0, 1.0, 5)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_preload_loads_the_programs_the_last_run_of_its_context_used(own_cache):
+    use_compile_cache()
+    traced = []
+
+    def cube(x):
+        traced.append(x.shape)
+        return x**3
+
+    x = jnp.arange(3.0)
+    compile_cache._preload("settings")
+    assert compile_cache._preloads.names == []  # no run of these settings before
+    KeptProgram(jax.jit(cube), "cube", "x^3")(x)
+    (kept,) = (own_cache / "dew-programs").iterdir()
+
+    compile_cache._preload("other settings")
+    assert compile_cache._preloads.names == []
+    compile_cache._preload("settings")  # a new process's run of the same settings
+    assert compile_cache._preloads.names == [kept.name]
+    compile_cache._preloads.thread.join()
+    kept.unlink()  # so only the preloaded program can spare the tracing
+    np.testing.assert_array_equal(KeptProgram(jax.jit(cube), "cube", "x^3")(x), [0.0, 1.0, 8.0])
+    assert traced == [(3,)]
+    assert compile_cache._preloads.loaded == {}
+
+
+def test_a_preloaded_program_that_is_gone_or_damaged_is_compiled(own_cache):
+    use_compile_cache()
+    compile_cache._preload("settings")
+    KeptProgram(jax.jit(jnp.tanh), "tanh", "tanh")(jnp.ones(2))
+    (kept,) = (own_cache / "dew-programs").iterdir()
+    kept.write_bytes(b"not a program")
+    compile_cache._preload("settings")
+    assert compile_cache._preloads.names == [kept.name]
+    np.testing.assert_allclose(
+        KeptProgram(jax.jit(jnp.tanh), "tanh", "tanh")(jnp.ones(2)), [np.tanh(1.0)] * 2
+    )
+    assert len(kept.read_bytes()) > len(b"not a program")
+
+
+def test_with_the_cache_off_nothing_is_preloaded_or_noted(own_cache):
+    use_compile_cache(False)
+    compile_cache._preload("settings")
+    assert compile_cache._preloads is None
+    assert not own_cache.exists()

@@ -25,6 +25,7 @@ from flax import nnx
 from rich.console import Console
 
 from dew.batch import Batch
+from dew.compile_cache import _preload
 from dew.distributed import barrier, is_primary
 from dew.evaluation import evaluate as evaluate_policy
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
@@ -47,7 +48,14 @@ from dew.train.callbacks import (
     SampleLog,
 )
 from dew.train.checkpoint import Checkpoints
-from dew.train.config import ConfigError, TrainConfig, _make_prompter, _resolve, validate
+from dew.train.config import (
+    ConfigError,
+    RunOptions,
+    TrainConfig,
+    _make_prompter,
+    _resolve,
+    validate,
+)
 from dew.train.runlog import _default_run_dir, _write_config, read_config
 from dew.train.update import UpdateSpec, _compiled_reference, _compiled_update, optimizer
 
@@ -161,6 +169,8 @@ class Trainer:
         self.lock = RunLock(self.run_dir)
         if self.primary:
             self.lock.acquire()
+        # The programs this run's settings used last time load while the policy is built.
+        _preload(repr(dataclasses.replace(config, run=RunOptions())))
         try:
             self._open(source, changes)
         except BaseException:
