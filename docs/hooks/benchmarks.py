@@ -5,10 +5,11 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
 `<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->`,
 `<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
-`<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->` or
-`<!-- bench: train_overlap -->`; the hook replaces each with a table of the numbers the scripts last
-wrote, so the page shows what was measured, not what someone typed. The prose around the tables
-quotes the same files.
+`<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->`,
+`<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
+`<!-- bench: train_overlap -->` or `<!-- bench: train_preload -->`; the hook replaces each with
+a table of the numbers the scripts last wrote, so the page shows what was measured, not what
+someone typed. The prose around the tables quotes the same files.
 """
 
 import json
@@ -385,7 +386,7 @@ def expand(match: re.Match) -> str:
         return gae_forms_table()
     if table == "gae_tunix":
         return gae_tunix_table()
-    if table in ("train", "train_overlap"):
+    if table in ("train", "train_overlap", "train_preload"):
         return train_table(table)
     if table in ("defaults", "defaults_kl_bound"):
         return defaults_table(table)
@@ -393,7 +394,13 @@ def expand(match: re.Match) -> str:
         return sampler_table()
     if table in ("smollm2_arithmetic", "smollm2_lora"):
         return smollm2_table(table)
-    if table in ("trl_grpo", "trl_grpo_kept", "trl_grpo_overlap"):
+    if table in (
+        "trl_grpo",
+        "trl_grpo_kept",
+        "trl_grpo_overlap",
+        "trl_grpo_preload",
+        "trl_grpo_preload_seeds_10_19",
+    ):
         return trl_grpo_table(table)
     if table == "models":
         return models_table()
