@@ -178,14 +178,18 @@ class KeptProgram:
         with _fresh_compiles():
             # Compiler options make it a new executable, not one this process compiled before.
             compiled = self.jitted.lower(*args).compile(_FRESH)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            written = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            written.write_bytes(pickle.dumps(serialize_executable.serialize(compiled)))
-            os.replace(written, path)
-        except OSError:
-            pass  # a cache that cannot be written costs the next run its compiling, nothing else
+        # A cache that cannot be written costs the next run its compiling, nothing else.
+        with contextlib.suppress(OSError):
+            _write_whole(path, pickle.dumps(serialize_executable.serialize(compiled)))
         return compiled
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a file of this process's, so a reader sees all or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    written.write_bytes(data)
+    os.replace(written, path)
 
 
 def _loaded(kept: bytes):
@@ -250,13 +254,9 @@ class _Preloads:
         if name in self.noted:
             return
         self.noted.append(name)
-        try:
-            self.note.parent.mkdir(parents=True, exist_ok=True)
-            written = self.note.with_name(f"{self.note.name}.{os.getpid()}.tmp")
-            written.write_text("\n".join(self.noted))
-            os.replace(written, self.note)
-        except OSError:
-            pass  # the next run loads its programs as they are called, nothing else
+        # Unwritten, the next run loads its programs as they are called, nothing else.
+        with contextlib.suppress(OSError):
+            _write_whole(self.note, "\n".join(self.noted).encode())
 
 
 _FRESH = {"xla_embed_ir_in_executable": False}
