@@ -49,8 +49,17 @@ class Tokenizer(Protocol):
         """The text of `ids`, special tokens kept."""
         ...
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """`messages` (`{"role": ..., "content": ...}` dicts) rendered by the chat template."""
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+    ) -> str:
+        """`messages` rendered by the chat template, with the JSON schemas of `tools` if given.
+
+        Messages are `{"role": ..., "content": ...}` dicts; an assistant message may hold
+        `tool_calls` and a `tool` message a tool's result, as transformers takes them.
+        """
         ...
 
 
@@ -92,7 +101,12 @@ class DigitTokenizer:
         size = len(self.symbols)
         return "".join(self.symbols[int(i)] if 0 <= int(i) < size else f"<{int(i)}>" for i in ids)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+    ) -> str:
         """Always `ValueError`: the digit vocabulary has no chat template."""
         raise ValueError("the digit tokenizer has no chat template")
 
@@ -112,6 +126,13 @@ def _raise_exception(message: str):
     raise jinja2.exceptions.TemplateError(message)
 
 
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """Jinja's `tojson` as transformers defines it: plain `json.dumps`, no HTML escaping."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
 def _template_environment() -> "jinja2.Environment":
     """The jinja2 environment transformers renders chat templates in.
 
@@ -125,9 +146,7 @@ def _template_environment() -> "jinja2.Environment":
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )
-    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
@@ -258,15 +277,59 @@ class HFTokenizer:
         """The chat template, compiled once: compiling takes far longer than rendering."""
         return _template_environment().from_string(self.chat_template)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """`messages` rendered by the chat template; `ValueError` when there is none."""
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+    ) -> str:
+        """`messages` rendered by the chat template, `tools` (JSON schemas) given to it.
+
+        As transformers' `apply_chat_template(..., tokenize=False)`: the template sees
+        `messages` as given (assistant `tool_calls` with their `arguments` dicts, `tool`
+        messages), `tools` as a list of schemas (a function in it is turned into its
+        `dew.tools.json_schema`), `documents` as None and the special tokens' texts.
+        `ValueError` when there is no template.
+
+        Examples:
+          >>> from dew.hf import load_tokenizer
+          >>> tokenizer = load_tokenizer("tests/core/hf/tool-chat")
+          >>> call = {"type": "function", "function": {"name": "add", "arguments": {"a": 3}}}
+          >>> text = tokenizer.apply_chat_template([
+          ...     {"role": "user", "content": "3?"},
+          ...     {"role": "assistant", "content": "", "tool_calls": [call]},
+          ...     {"role": "tool", "name": "add", "content": "3"}])
+          >>> print(text[text.index("<|im_start|>assistant") :])
+          <|im_start|>assistant
+          <tool_call>
+          {"name": "add", "arguments": {"a": 3}}
+          </tool_call><|im_end|>
+          <|im_start|>user
+          <tool_response>
+          3
+          </tool_response><|im_end|>
+          <BLANKLINE>
+        """
         if self.chat_template is None:
             raise ValueError(f"{self.source}: this tokenizer has no chat template")
+        if tools is not None:
+            tools = [tool if isinstance(tool, dict) else _schema_of(tool) for tool in tools]
         template = self._compiled_template
         special = {name: text for name, text in self.special.items() if text is not None}
         return template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special
+            messages=messages,
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **special,
         )
+
+
+def _schema_of(tool) -> dict:
+    """The JSON schema of a tool function (`dew.tools.json_schema`), imported when first needed."""
+    from dew.tools import json_schema
+
+    return json_schema(tool)
 
 
 def _end_of_turn_id(tokenizer: Tokenizer) -> int:
