@@ -91,6 +91,11 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.tasks.dataset": set(),
     "dew.tasks.digits": {"Add", "Copy", "Reverse", "Sort", "answer_credit", "position_credit"},
     "dew.tokenizers": {"DIGITS", "DigitTokenizer", "HFTokenizer"},
+    "dew.tools": {
+        "ENTRY_POINT_GROUP", "ERROR_KINDS", "HermesParser", "ParsedTurn", "ToolCall",
+        "ToolCallParser", "ToolError", "ToolResult", "ToolRunner", "appended_tokens", "json_schema",
+        "load_tool", "malformed_results", "tool_messages", "truncate",
+    },
     "dew.train": set(),
     "dew.train.callbacks": {"Checkpointing", "MetricsLog", "Progress", "RewardPlot", "SampleLog"},
     "dew.train.checkpoint": {"Checkpoints"},
