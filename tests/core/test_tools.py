@@ -555,3 +555,26 @@ def test_a_template_that_is_not_prefix_preserving_is_a_one_line_error(tokenizer)
         )
     with pytest.raises(ValueError, match="must begin with the messages of `before`"):
         appended_tokens(tokenizer, before, after[1:], tools=None)
+
+
+def test_named_templates_files_first_and_tool_use_with_tools(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((FIXTURE / "tokenizer.json").read_bytes())
+    settings = {"eos_token": "<|im_end|>"}
+    named = [{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "tools"}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings | {"chat_template": named}))
+    messages = [{"role": "user", "content": "hi"}]
+    loaded = load_tokenizer(folder)
+    assert loaded.apply_chat_template(messages) == "plain"
+    assert loaded.apply_chat_template(messages, tools=[]) == "tools"  # tools given, even empty
+    # transformers 5's files replace the config's templates: chat_template.jinja is the default
+    (folder / "chat_template.jinja").write_text("file {{ tools | length if tools else 0 }}")
+    assert load_tokenizer(folder).apply_chat_template(messages) == "file 0"
+    assert (
+        load_tokenizer(folder).apply_chat_template(messages, tools=[json_schema(add)]) == "file 1"
+    )
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("extra")
+    assert load_tokenizer(folder).apply_chat_template(messages, tools=[]) == "extra"
+    assert load_tokenizer(folder).apply_chat_template(messages) == "file 0"

@@ -133,6 +133,31 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str) -> "jinja2.Template":
+    """A chat template, compiled once: compiling takes far longer than rendering."""
+    return _template_environment().from_string(template)
+
+
+def _named_templates(folder: Path, configured: str | list | None) -> dict[str, str]:
+    """A model folder's chat templates by name, as transformers 5 finds them.
+
+    `chat_template.jinja` (the "default") and `additional_chat_templates/NAME.jinja`, if any,
+    replace the `chat_template` of `tokenizer_config.json`, which is one template (the
+    "default") or a list of `{"name", "template"}`.
+    """
+    files = {}
+    if (folder / "chat_template.jinja").is_file():
+        files["default"] = (folder / "chat_template.jinja").read_text()
+    for path in sorted((folder / "additional_chat_templates").glob("*.jinja")):
+        files[path.name.removesuffix(".jinja")] = path.read_text()
+    if files:
+        return files
+    if isinstance(configured, list):
+        return {named["name"]: named["template"] for named in configured}
+    return {} if configured is None else {"default": configured}
+
+
 def _template_environment() -> "jinja2.Environment":
     """The jinja2 environment transformers renders chat templates in.
 
@@ -168,7 +193,9 @@ class HFTokenizer:
 
     `encode` adds special tokens as transformers' `encode(text)` does (its post-processor),
     `decode` keeps them, and `apply_chat_template` renders the template as transformers does,
-    with the special tokens' texts (`bos_token`, `eos_token`, ...) in scope.
+    with the special tokens' texts (`bos_token`, `eos_token`, ...) in scope. A model may have a
+    second template for conversations with tools (`tool_use_template`, transformers' named
+    template "tool_use"), rendered when `tools` are given.
 
     Reference: transformers 5.10 `tokenization_utils_tokenizers.py` and
     `utils/chat_template_utils.py`; llama.cpp `src/llama-vocab.cpp` for the GGUF pre-tokenizers.
@@ -189,9 +216,10 @@ class HFTokenizer:
         special: dict[str, str],
         chat_template: str | None,
         source: str,
+        tool_use_template: str | None = None,
     ):
         self.tokenizer, self.special, self.source = tokenizer, special, source
-        self.chat_template = chat_template
+        self.chat_template, self.tool_use_template = chat_template, tool_use_template
         eos = special.get("eos_token")
         ids = {name: tokenizer.token_to_id(text) for name, text in special.items() if text}
         if ids.get("eos_token") is None:
@@ -207,15 +235,16 @@ class HFTokenizer:
             tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_json))
         except Exception as error:  # the Rust library raises a bare Exception
             raise ValueError(f"{tokenizer_json}: cannot read ({error})") from None
-        template = settings.get("chat_template")
-        if isinstance(template, list):  # named templates: transformers uses "default"
-            template = {t["name"]: t["template"] for t in template}.get("default")
-        beside = tokenizer_json.parent / "chat_template.jinja"
-        if template is None and beside.is_file():
-            template = beside.read_text()
+        templates = _named_templates(tokenizer_json.parent, settings.get("chat_template"))
         names = ("bos_token", "eos_token", "pad_token", "unk_token")
         special = {name: _token_text(settings.get(name)) for name in names}
-        return cls(tokenizer, special=special, chat_template=template, source=str(tokenizer_json))
+        return cls(
+            tokenizer,
+            special=special,
+            chat_template=templates.get("default"),
+            tool_use_template=templates.get("tool_use"),
+            source=str(tokenizer_json),
+        )
 
     @classmethod
     def from_gguf(cls, metadata: dict, source: str) -> "HFTokenizer":
@@ -256,8 +285,13 @@ class HFTokenizer:
             tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
                 single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
             )
-        template = metadata.get("tokenizer.chat_template")
-        return cls(tokenizer, special=special, chat_template=template, source=source)
+        return cls(
+            tokenizer,
+            special=special,
+            chat_template=metadata.get("tokenizer.chat_template"),
+            tool_use_template=metadata.get("tokenizer.chat_template.tool_use"),
+            source=source,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -272,11 +306,6 @@ class HFTokenizer:
         """The text of `ids`, special tokens kept."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    @functools.cached_property
-    def _compiled_template(self) -> "jinja2.Template":
-        """The chat template, compiled once: compiling takes far longer than rendering."""
-        return _template_environment().from_string(self.chat_template)
-
     def apply_chat_template(
         self,
         messages: list[dict],
@@ -288,8 +317,9 @@ class HFTokenizer:
         As transformers' `apply_chat_template(..., tokenize=False)`: the template sees
         `messages` as given (assistant `tool_calls` with their `arguments` dicts, `tool`
         messages), `tools` as a list of schemas (a function in it is turned into its
-        `dew.tools.json_schema`), `documents` as None and the special tokens' texts.
-        `ValueError` when there is no template.
+        `dew.tools.json_schema`), `documents` as None and the special tokens' texts. With
+        `tools` the `tool_use_template` is rendered if the model has one. `ValueError` when
+        there is no template.
 
         Examples:
           >>> from dew.hf import load_tokenizer
@@ -310,11 +340,13 @@ class HFTokenizer:
           </tool_response><|im_end|>
           <BLANKLINE>
         """
-        if self.chat_template is None:
-            raise ValueError(f"{self.source}: this tokenizer has no chat template")
+        chat_template = self.chat_template
         if tools is not None:
             tools = [tool if isinstance(tool, dict) else _schema_of(tool) for tool in tools]
-        template = self._compiled_template
+            chat_template = self.tool_use_template or chat_template
+        if chat_template is None:
+            raise ValueError(f"{self.source}: this tokenizer has no chat template")
+        template = _compiled(chat_template)
         special = {name: text for name, text in self.special.items() if text is not None}
         return template.render(
             messages=messages,
