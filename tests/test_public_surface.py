@@ -93,8 +93,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.tokenizers": {"DIGITS", "DigitTokenizer", "HFTokenizer"},
     "dew.tools": {
         "ENTRY_POINT_GROUP", "ERROR_KINDS", "HermesParser", "ParsedTurn", "ToolCall",
-        "ToolCallParser", "ToolError", "ToolResult", "ToolRunner", "appended_tokens", "json_schema",
-        "load_tool", "malformed_results", "tool_messages", "truncate",
+        "ToolCallParser", "ToolError", "ToolResult", "ToolRunner", "appended_tokens", "closing_tokens",
+        "json_schema", "load_tool", "malformed_results", "tool_messages", "truncate",
     },
     "dew.train": set(),
     "dew.train.callbacks": {"Checkpointing", "MetricsLog", "Progress", "RewardPlot", "SampleLog"},

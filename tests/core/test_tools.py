@@ -24,6 +24,7 @@ from dew.tools import (
     ToolResult,
     ToolRunner,
     appended_tokens,
+    closing_tokens,
     json_schema,
     load_tool,
     malformed_results,
@@ -530,6 +531,26 @@ def test_appended_tokens_are_the_fixture_ids_after_the_conversation(tokenizer, i
         tokenizer.decode(appended)
         == f"<|im_start|>user{results}<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+@pytest.mark.parametrize("index", [3, 7])
+def test_prompt_sampled_closing_and_appended_ids_are_the_fixture_ids(tokenizer, index):
+    case, tools = EXPECTED["chat"][index], EXPECTED["chat"][index]["tools"]
+    after = case["messages"]
+    replied = max(i for i, m in enumerate(after) if m["role"] == "assistant")
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template(after[:replied], add_generation_prompt=True, tools=tools)
+    )
+    written = "\n".join(  # what the model writes for the turn, as the template's render has it
+        f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": '
+        f"{json.dumps(c['function']['arguments'])}}}\n</tool_call>"
+        for c in after[replied]["tool_calls"]
+    )
+    turn = HermesParser().parse(written)
+    assert turn.message() == after[replied]
+    sampled = [*tokenizer.encode(written), tokenizer.eos_token_id]  # stopped at <|im_end|>
+    appended = appended_tokens(tokenizer, after[: replied + 1], after, tools=tools)
+    assert prompt + sampled + closing_tokens(tokenizer) + appended == case["ids"]
 
 
 def test_a_template_that_is_not_prefix_preserving_is_a_one_line_error(tokenizer):

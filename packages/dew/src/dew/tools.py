@@ -54,6 +54,7 @@ __all__ = [
     "ToolResult",
     "ToolRunner",
     "appended_tokens",
+    "closing_tokens",
     "json_schema",
     "load_tool",
     "malformed_results",
@@ -667,3 +668,23 @@ def appended_tokens(
             "merges with the last tokens of the earlier turns"
         )
     return after_ids[len(before_ids) :]
+
+
+def closing_tokens(tokenizer: "Tokenizer") -> list[int]:
+    """The ids the chat template writes after an assistant turn's end-of-turn token.
+
+    A sampled turn ends at the end-of-turn token (`<|im_end|>` in ChatML), while the template's
+    render of that turn goes on (ChatML's `\\n`), and `appended_tokens` starts after the whole
+    render. A context that continues a sampled turn is therefore the prompt, the sampled ids, these
+    ids, then the appended ones: the same ids as the template's render of the conversation.
+
+    Examples:
+      >>> from dew.hf import load_tokenizer
+      >>> tokenizer = load_tokenizer("tests/core/hf/tool-chat")
+      >>> closing_tokens(tokenizer), tokenizer.decode(closing_tokens(tokenizer))
+      ([201], '\\n')
+    """
+    marker = "\u2063"  # an invisible separator no template writes itself
+    turn = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
+    rendered = tokenizer.apply_chat_template(turn)
+    return _text_ids(tokenizer, rendered[rendered.rindex(marker) + len(marker) :])[1:]
