@@ -93,9 +93,16 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.tokenizers": {"DIGITS", "DigitTokenizer", "HFTokenizer"},
     "dew.tools": {
         "ENTRY_POINT_GROUP", "ERROR_KINDS", "HermesParser", "ParsedTurn", "ToolCall",
-        "ToolCallParser", "ToolError", "ToolResult", "ToolRunner", "appended_tokens", "closing_tokens",
-        "json_schema", "load_tool", "malformed_results", "tool_messages", "truncate",
+        "ToolCallParser", "ToolError", "ToolResult", "ToolRunner", "appended_tokens",
+        "closing_tokens", "json_schema", "load_tool", "malformed_results", "tool_messages",
+        "truncate",
     },
+    "dew.tools.calls": {"HermesParser", "ParsedTurn", "ToolCall", "ToolCallParser"},
+    "dew.tools.messages": {
+        "appended_tokens", "closing_tokens", "malformed_results", "tool_messages",
+    },
+    "dew.tools.runner": {"ERROR_KINDS", "ToolResult", "ToolRunner", "truncate"},
+    "dew.tools.schema": {"ENTRY_POINT_GROUP", "ToolError", "json_schema", "load_tool"},
     "dew.train": set(),
     "dew.train.callbacks": {"Checkpointing", "MetricsLog", "Progress", "RewardPlot", "SampleLog"},
     "dew.train.checkpoint": {"Checkpoints"},

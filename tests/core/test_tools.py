@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dew.tools
+import dew.tools.schema
 from dew.hf import load_tokenizer
 from dew.tokenizers import DIGITS, HFTokenizer
 from dew.tools import (
@@ -202,7 +202,7 @@ def test_load_tool_by_module_function_and_entry_point(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_tool("my_tools:double")(4) == 8
     point = EntryPoint(name="doubler", value="my_tools:double", group="dew.tools")
-    monkeypatch.setattr(dew.tools, "entry_points", lambda group: EntryPoints([point]))
+    monkeypatch.setattr(dew.tools.schema, "entry_points", lambda group: EntryPoints([point]))
     assert load_tool("doubler") is load_tool("my_tools:double")
     for spec, words in [
         ("nowhere:double", "cannot import 'nowhere'"),

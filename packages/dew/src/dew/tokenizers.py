@@ -359,7 +359,7 @@ class HFTokenizer:
 
 def _schema_of(tool) -> dict:
     """The JSON schema of a tool function (`dew.tools.json_schema`), imported when first needed."""
-    from dew.tools import json_schema
+    from dew.tools.schema import json_schema
 
     return json_schema(tool)
 
