@@ -204,6 +204,10 @@ def test_load_tool_by_module_function_and_entry_point(tmp_path, monkeypatch):
     point = EntryPoint(name="doubler", value="my_tools:double", group="dew.tools")
     monkeypatch.setattr(dew.tools.schema, "entry_points", lambda group: EntryPoints([point]))
     assert load_tool("doubler") is load_tool("my_tools:double")
+    broken = EntryPoint(name="broken", value="nowhere_at_all:double", group="dew.tools")
+    monkeypatch.setattr(dew.tools.schema, "entry_points", lambda group: EntryPoints([broken]))
+    with pytest.raises(ToolError, match="'broken': cannot load 'nowhere_at_all:double'"):
+        load_tool("broken")
     for spec, words in [
         ("nowhere:double", "cannot import 'nowhere'"),
         ("my_tools:triple", "'my_tools' has no 'triple'"),
@@ -359,6 +363,7 @@ def test_one_call_and_parallel_calls_run_side_by_side():
             False,
         )
         results = runner.submit([ToolCall("nap", {"seconds": 0.2})] * 2).result(timeout=30)
+        assert runner.run([]) == []
     assert [r.content for r in results] == ["rested", "rested"]
     assert all(r.seconds >= 0.2 for r in results)
     (start_1, end_1), (start_2, end_2) = log
@@ -396,6 +401,8 @@ def test_failing_unknown_and_misfit_calls_give_error_results():
                 ToolCall("add", {"a": 1, "b": "two"}),
             ]
         )
+        [not_a_dict] = runner.run([ToolCall("add", [1, 2])])
+    assert not_a_dict.error == "malformed"
     assert (raised.error, raised.content) == (
         "raised",
         "Error: fragile raised ZeroDivisionError: division by zero",

@@ -195,7 +195,13 @@ def load_tool(spec: str) -> Callable:
       ...
       dew.tools.schema.ToolError: --tool 'calculator': no dew.tools entry point or module:function
     """
-    fn = next((p.load() for p in entry_points(group=ENTRY_POINT_GROUP) if p.name == spec), None)
+    point = next((p for p in entry_points(group=ENTRY_POINT_GROUP) if p.name == spec), None)
+    fn = None
+    if point is not None:
+        try:
+            fn = point.load()
+        except Exception as error:  # the installed package's own import failing
+            raise ToolError(f"--tool {spec!r}: cannot load {point.value!r} ({error})") from None
     if fn is None and ":" in spec:
         module, _, attribute = spec.partition(":")
         if os.getcwd() not in sys.path:
