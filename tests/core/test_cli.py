@@ -101,6 +101,23 @@ def test_an_unknown_objective_is_one_line_listing_the_available(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["train", "--bogus"], "error: unrecognized arguments: --bogus; see `dew train --help`"),
+        (["train", "--out"], "dew: error: argument --out: expected one argument; see `dew train"),
+        (["eval", "--task", "reverse"], "required: --model; see `dew eval --help`"),
+        (["sample", "--bogus"], "is required; see `dew sample --help`"),
+        (["bogus"], "dew: error: unknown command 'bogus'; use train, sample, eval, chat, export"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_a_pointer_to_help(capsys, argv, message):
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
         (["--objective", "sft", "--steps", "0"], "--steps must be >= 1"),
         (["--objective", "sft", "--task", "juggle"], "unknown task 'juggle'"),
         (["--objective", "sft", "--lr", "-1"], "--lr must be > 0"),
