@@ -122,15 +122,102 @@ def test_the_summary_table_has_a_row_per_public_callable(site, module):
         assert html.unescape(text) == plain(summary(getattr(imported, name)))
 
 
+# The reference page's (../shared/spec/dew-rl-reference.md) thirteen summaries, the
+# specification's words: the dew.rl table must keep them as they are.
+REFERENCE_SUMMARIES = {
+    "behavior_importance_weights": "Detached token TIS weights from recorded raw and behavior "
+    "policies.",
+    "clipped_surrogate": "Token-mean reduction of the dual-clipped policy terms.",
+    "clipped_value_loss_terms": "verl d040717 compute_value_loss, before its token-mask reduction.",
+    "gae": "Generalized advantage estimation over [B, T] rewards and values.",
+    "group_advantage": "Group-relative advantage of [B] rewards, group completions per prompt.",
+    "k3_kl": "Schulman's k3 estimator of KL(pi || pi_ref), per token.",
+    "masked_mean": "Mean of x over the positions mask keeps.",
+    "masked_whiten": "x centred and scaled by its masked mean and unbiased deviation.",
+    "preference_logsigmoid": "Pair-mean reduction of the DPO sigmoid loss.",
+    "rloo_advantage": "Each completion against the mean of the rest of its group.",
+    "sequence_log_ratio": "GSPO's sequence-level log ratio, carrying a per-token gradient.",
+    "token_log_ratio": "Per-token log pi(a) - log pi_old(a), clamped to +-20.",
+    "token_mean": "Sum over the unmasked positions of x, divided by how many there are.",
+}
+
+
 def test_the_rl_page_lists_the_reference_pages_thirteen_and_more():
     callables, constants = public_names("dew.rl")
-    reference_page = {
-        "behavior_importance_weights", "clipped_surrogate", "clipped_value_loss_terms", "gae",
-        "group_advantage", "k3_kl", "masked_mean", "masked_whiten", "preference_logsigmoid",
-        "rloo_advantage", "sequence_log_ratio", "token_log_ratio", "token_mean",
-    }  # fmt: skip
-    assert reference_page <= set(callables)
+    assert set(REFERENCE_SUMMARIES) <= set(callables)
     assert constants == ["GROUP_EPS"]
+
+
+def test_the_rl_table_keeps_the_reference_pages_thirteen_summaries(site):
+    reader = TableReader()
+    reader.feed((site / PAGES["dew.rl"]).read_text())
+    shown = {name: html.unescape(text) for name, _, text in reader.summary_rows("dew.rl")}
+    assert {name: shown[name] for name in REFERENCE_SUMMARIES} == REFERENCE_SUMMARIES
+
+
+def test_the_reference_summaries_are_the_reference_pages_own():
+    spec = ROOT.parent / "shared" / "spec" / "dew-rl-reference.md"
+    if not spec.is_file():
+        pytest.skip("../shared/spec is not beside this checkout")
+    table = spec.read_text().split("Name\tSummary\n", 1)[1].split("\n\n", 1)[0]
+    rows = dict(line.split("\t") for line in table.splitlines())
+    assert {name: text.replace("\u2019", "'") for name, text in rows.items()} == REFERENCE_SUMMARIES
+
+
+# A signature's parameter lines (those directly inside its outermost brackets) each start with a
+# parameter; one that starts otherwise is a wrapped annotation (`| None = None,`), which reads as
+# a parameter without a name. Lines inside a nested bracket (a wrapped default) may start anyhow.
+PARAMETER_LINE = re.compile(r"\s*(\*{0,2}\w+\s*([:=,]|$)|\*,?$|/,?$|\))")
+
+
+def nameless_parameter_lines(signature: str) -> list[str]:
+    """The lines of a rendered signature that sit where a parameter is due but name none.
+
+    Only a callable's signature (`name(` on its first line) has parameters: a constant's value
+    (`AXIS = "data"`, a dict over several lines) has none.
+    """
+    lines = signature.strip().splitlines()
+    if not re.match(r"\w+\($", lines[0]):
+        return []
+    depth, wrong = 0, []
+    for line in lines:
+        if depth == 1 and not PARAMETER_LINE.match(line):
+            wrong.append(line)
+        code = re.sub(r"\"[^\"]*\"|'[^']*'", "", line)
+        depth += len(re.findall(r"[(\[{]", code)) - len(re.findall(r"[)\]}]", code))
+    return wrong
+
+
+@pytest.mark.parametrize("module", PAGES)
+def test_every_signature_line_names_its_parameter(site, module):
+    page = (site / PAGES[module]).read_text()
+    signatures = re.findall(r'<div class="doc-signature highlight"><pre>(.*?)</pre>', page, re.S)
+    assert signatures
+    for signature in signatures:
+        text = html.unescape(re.sub(r"<[^>]+>", "", signature))
+        assert nameless_parameter_lines(text) == [], f"{module}:\n{text}"
+
+
+def test_the_signature_check_finds_a_wrapped_union():
+    wrapped = "train(\n    config: C,\n    *,\n    hook: Callable[[int]]\n    | None = None,\n)"
+    assert nameless_parameter_lines(wrapped) == ["    | None = None,"]
+    default = 'DPO(\n    loss_type: str = option(\n        "sigmoid", flag="loss"\n    ),\n)'
+    assert nameless_parameter_lines(default) == []
+    assert nameless_parameter_lines('AXIS = {\n    "a": 1,\n}') == []
+
+
+def test_the_hooks_are_not_published(site):
+    assert not (site / "hooks").exists()
+    assert not list(site.rglob("*.py"))
+
+
+@pytest.mark.parametrize("page", ["index.html", "training/index.html"])
+def test_the_wide_tables_stack_on_a_phone(site, page):
+    """The home page's distributions and the training page's flags: div.narrow-stack."""
+    text = (site / page).read_text()
+    assert re.search(r'<div class="narrow-stack">\s*<table>', text), page
+    css = (ROOT / "docs" / "assets" / "math.css").read_text()
+    assert ":is(.api-summary, .narrow-stack) table:not([class]) td {" in css
 
 
 @pytest.mark.parametrize("module", PAGES)
@@ -168,6 +255,8 @@ def test_every_public_callable_has_a_docstring_with_a_summary_and_an_example(mod
         assert summary(obj).endswith("."), f"{module}.{name}: summary line {summary(obj)!r}"
         if inspect.isfunction(obj):
             assert ">>> " in doc, f"{module}.{name} has no example"
+        if module == "dew.rl":
+            assert "\nReference: " in doc, f"{module}.{name} has no Reference: line"
 
 
 def test_the_site_fetches_nothing_from_the_network(site):

@@ -211,3 +211,46 @@ def test_the_arrow_is_stated_in_the_same_words_everywhere(path):
     """The README, the home page, the plan and import-linter's guidance say the same thing."""
     text = (ROOT / path).read_text().replace("`", "").replace("*", "")
     assert ARROW in " ".join(text.split()), path
+
+
+# Docs speak of the project, never of the work that changed it.
+NOT_THE_PROJECT = re.compile(
+    r"\b(the issue|this issue|issue[ -]\d+|this task|the session|closing note)\b", re.I
+)
+
+
+@pytest.mark.parametrize("path", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
+def test_the_docs_speak_of_the_project_only(path):
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match[0]!r}"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for match in NOT_THE_PROJECT.finditer(line)
+    ]
+    assert found == []
+
+
+def test_the_project_check_finds_the_words():
+    assert NOT_THE_PROJECT.search("now at the issue's third")
+    assert NOT_THE_PROJECT.search("The families of issue 15")
+    assert not NOT_THE_PROJECT.search("an issue with the tokenizer's cache")
+
+
+def _shingles(text: str, size: int = 6) -> set[tuple[str, ...]]:
+    """Every run of `size` consecutive words of `text`, lower-cased, code marks dropped."""
+    words = re.findall(r"[\w']+", text.lower())
+    return {tuple(words[at : at + size]) for at in range(len(words) - size + 1)}
+
+
+API_PAGES = sorted((ROOT / "docs" / "api").rglob("*.md"))
+
+
+@pytest.mark.parametrize("path", API_PAGES, ids=lambda p: p.stem)
+def test_an_api_pages_intro_does_not_repeat_its_modules_docstring(path):
+    """The page's prose above its first module block and that module's docstring, shown below
+    it, share no run of six words."""
+    text = path.read_text()
+    intro = text.split(":::", 1)[0]
+    module = re.search(r"^::: ([\w.]+)", text, re.M)[1]
+    docstring = griffe.GriffeLoader(search_paths=[str(p) for p in SOURCES]).load(module).docstring
+    shared = _shingles(intro) & _shingles(docstring.value if docstring else "")
+    assert not shared, sorted(" ".join(words) for words in shared)

@@ -114,7 +114,13 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.train.plot": {"plot_run"},
     "dew.train.runlog": {"CONFIG", "METRICS", "read_config", "read_metrics"},
     "dew.train.trainer": {"greedy_reward"},
-    "dew.train.update": {"UpdateSpec", "make_reference", "make_update", "optimizer"},
+    "dew.train.update": {
+        "UpdateSpec",
+        "learning_rate",
+        "make_reference",
+        "make_update",
+        "optimizer",
+    },
 }  # fmt: skip
 
 

@@ -11,7 +11,7 @@ MARKER = re.compile(r"<!-- flags: train -->")
 
 
 def flag_table() -> str:
-    """The markdown table of `dew train`'s flags: flag, default, what it does."""
+    """The markdown table of `dew train`'s flags, flag and what it does, in a div.narrow-stack."""
     from dew.cli import _train_parser
     from dew.train import TrainConfig
 
@@ -28,7 +28,9 @@ def flag_table() -> str:
             shown = shown.replace("`,", f" {action.metavar}`,").rstrip("`") + f" {action.metavar}`"
         text = (action.help or "").replace("|", "&#124;")
         lines.append(f"| {shown} | {text} |")
-    return "\n".join(lines)
+    table = "\n".join(lines)
+    # Stacked on a phone (docs/assets/math.css): a flag above what it does.
+    return '<div class="narrow-stack" markdown>\n\n' + table + "\n\n</div>"
 
 
 def on_page_markdown(markdown: str, **_) -> str:

@@ -91,11 +91,38 @@ def test_objective_flags_are_parsed_with_their_types(knobs):
     assert config.objective_options == {} and config.rollout.group == 8 and config.task == "reverse"
 
 
+def test_the_lr_schedule_is_a_flag_of_dew_train(capsys):
+    argv = ["--objective", "sft", "--lr-schedule", "cosine", "--warmup", "3", "--steps", "9"]
+    config, _ = cli._parse_train(argv)
+    assert config.optimizer.lr_schedule == "cosine" and config.optimizer.warmup == 3
+    assert cli._parse_train(["--objective", "sft"])[0].optimizer.lr_schedule == "constant"
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    assert "--lr-schedule LR_SCHEDULE" in capsys.readouterr().out
+
+
 def test_an_unknown_objective_is_one_line_listing_the_available(capsys):
     assert cli.main(["train", "--objective", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dew: error: unknown objective 'nope'; available:") and "sft" in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--bogus"], "error: unrecognized arguments: --bogus; see `dew train --help`"),
+        (["train", "--out"], "dew: error: argument --out: expected one argument; see `dew train"),
+        (["eval", "--task", "reverse"], "required: --model; see `dew eval --help`"),
+        (["sample", "--bogus"], "is required; see `dew sample --help`"),
+        (["bogus"], "dew: error: unknown command 'bogus'; use train, sample, eval, chat, export"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_a_pointer_to_help(capsys, argv, message):
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
 
 
 @pytest.mark.parametrize(

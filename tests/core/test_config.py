@@ -45,6 +45,7 @@ def test_a_record_round_trips_through_json():
         ("max_grad_norm", 0.0, "--max-grad-norm must be > 0"),
         ("weight_decay", -1.0, "--weight-decay must be >= 0"),
         ("warmup", -5, "--warmup must be >= 0"),
+        ("lr_schedule", "step", "--lr-schedule must be one of constant, linear, cosine"),
         ("seed", -1, r"--seed must be in \[0, 4.29497e\+09\]"),
         ("seed", 10**20, r"--seed must be in \[0"),
         ("steps", 2.5, "--steps must be a whole number"),
@@ -63,6 +64,20 @@ def test_a_record_round_trips_through_json():
 def test_out_of_range_options_are_refused_naming_the_flag(option, value, message):
     with pytest.raises(ConfigError, match=message):
         validate(TrainConfig(objective="sft").replace(**{option: value}), SFT(), device_count=1)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_a_decaying_schedule_needs_steps_after_its_warmup(schedule):
+    config = TrainConfig(objective="sft").replace(lr_schedule=schedule, steps=5, warmup=4)
+    validate(config, SFT(), device_count=1)
+    message = (
+        r"--warmup \(10\) must be below the run's 10 optimizer steps "
+        rf"\(--steps x --updates-per-rollout\) for --lr-schedule {schedule}"
+    )
+    with pytest.raises(ConfigError, match=message):
+        validate(config.replace(warmup=10, updates_per_rollout=2), SFT(), device_count=1)
+    # A constant learning rate has no horizon: any warmup is fine.
+    validate(config.replace(lr_schedule="constant", warmup=10), SFT(), device_count=1)
 
 
 def test_a_range_describes_itself_as_a_reader_writes_it():

@@ -215,6 +215,17 @@ def test_resume_continues_bit_exactly(tmp_path, reinforce):
     assert [row["step"] for row in read_metrics(resumed.run_dir)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_decaying_learning_rate_resumes_where_it_stopped(tmp_path, reinforce):
+    # The cosine's count is in the optimizer state: a run resumed from step 2 of 4 replays steps
+    # 3 and 4 at the learning rates the uninterrupted run used, bit for bit.
+    cosine = {"steps": 4, "checkpoint_every": 2, "lr_schedule": "cosine", "warmup": 1}
+    straight = train(small(tmp_path, **cosine), objective=reinforce, quiet=True)
+    Checkpoints(tmp_path / "run" / "checkpoints").manager.delete(4)
+    resumed = train(small(tmp_path, resume=True, **cosine), objective=reinforce, quiet=True)
+    assert same_params(straight.params, resumed.params)
+    assert without_timing(straight.history) == without_timing(resumed.history)
+
+
 def test_resume_truncates_metrics_past_the_checkpoint(tmp_path, reinforce):
     train(small(tmp_path, steps=3, checkpoint_every=2), objective=reinforce, quiet=True)
     Checkpoints(tmp_path / "run" / "checkpoints").manager.delete(3)  # as if step 3 never saved

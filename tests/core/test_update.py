@@ -5,6 +5,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -24,6 +25,7 @@ from dew.train.update import (
     _outputs_of,
     _rollout_fields,
     _split_micro_batches,
+    learning_rate,
     make_reference,
     make_update,
     optimizer,
@@ -237,3 +239,54 @@ def test_the_first_steps_pass_gives_the_old_log_probs_and_values(setup, reinforc
         stale, _, _ = trained(ratio_of_one, 1)
         pairs = zip(jax.tree.leaves(fused), jax.tree.leaves(stale), strict=True)
         assert max(float(jnp.abs(a - b).max()) for a, b in pairs) > 1e-3
+
+
+# --- the learning-rate schedule ---------------------------------------------------------------
+
+
+def _transformers_lr(schedule: str, lr: float, warmup: int, steps: int, step: int) -> float:
+    """transformers' `get_{linear,cosine}_schedule_with_warmup` (TRL's `lr_scheduler_type`)."""
+    if step < warmup:
+        return lr * step / warmup
+    progress = (step - warmup) / (steps - warmup)
+    if schedule == "linear":
+        return lr * max(0.0, 1 - progress)
+    return lr * 0.5 * (1 + np.cos(np.pi * progress))
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_the_learning_rate_schedules_are_transformers_and_count_in_the_optimizer_state(
+    schedule, warmup
+):
+    options = OptimizerOptions(lr=0.1, warmup=warmup, lr_schedule=schedule, max_grad_norm=1e9)
+    steps = 10
+    expected = [_transformers_lr(schedule, 0.1, warmup, steps, step) for step in range(steps)]
+    rate = learning_rate(options, steps)
+    np.testing.assert_allclose([float(rate(step)) for step in range(steps)], expected, atol=1e-7)
+    # Adam's step under a constant gradient is -lr_t exactly (up to eps): the optimizer applies
+    # the schedule at the count its state holds, which a checkpoint saves and a resume restores.
+    tx = optimizer(options, steps)
+    params, grads = {"w": jnp.zeros(3)}, {"w": jnp.full(3, 0.5)}
+    state, applied = tx.init(params), []
+    for _ in range(steps):
+        update, state = tx.update(grads, state, params)
+        applied.append(-float(update["w"][0]))
+    np.testing.assert_allclose(applied, expected, rtol=1e-5, atol=1e-9)
+
+
+def test_the_default_constant_schedule_is_the_optimizer_it_was():
+    # No schedule and no count in the state: the same AdamW as before --lr-schedule, bit for bit.
+    options = OptimizerOptions(lr=1e-3)
+    assert learning_rate(options, 0) == 1e-3
+    adamw = optax.adamw(1e-3, b1=0.9, b2=0.99, weight_decay=0.0)
+    before = optax.chain(optax.clip_by_global_norm(1.0), adamw)
+    now = optimizer(options, 0)
+    params = {"w": jnp.linspace(-1.0, 1.0, 5)}
+    old_state, new_state = before.init(params), now.init(params)
+    assert jax.tree.structure(old_state) == jax.tree.structure(new_state)
+    for step in range(3):
+        grads = {"w": jnp.sin(params["w"] * (step + 1))}
+        old, old_state = before.update(grads, old_state, params)
+        new, new_state = now.update(grads, new_state, params)
+        np.testing.assert_array_equal(old["w"], new["w"])

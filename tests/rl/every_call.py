@@ -5,9 +5,10 @@ Not a test module: `test_transforms.py` and the sharding script load it by its p
 run with `--import-mode=importlib`, so `tests/rl` is not on `sys.path`).
 
 `batch()` holds every array any call needs, batch axis first, with right padding, a hole, an empty
-row, packed chains and constant groups. `CALLS` maps a name to a function of that dict returning a
-dict of outputs; hyperparameters are baked in, so each is jittable as it stands. `LOSSES` holds the
-scalar losses as functions of one array, and `CALLS["grad_<loss>"]` their values and gradients.
+row, on-policy rows, packed chains and constant groups. `CALLS` maps a name to a function of that
+dict returning a dict of outputs; hyperparameters are baked in, so each is jittable as it stands.
+`LOSSES` holds the scalar losses as functions of one array, and `CALLS["grad_<loss>"]` their
+values and gradients.
 `B` is divisible by 8 devices, and each device's `B / 8` rows hold whole groups.
 """
 
@@ -48,6 +49,13 @@ def batch(seed: int = 0) -> dict[str, np.ndarray]:
     # Segments: two chains per row, split at a random point.
     split = rng.integers(1, T, size=B)
     segments = np.where(np.arange(T)[None] < split[:, None], 1, 2).astype(np.int32)
+    # Rows 0 and 9 on-policy, as on the first update of a rollout: the policy, the reference and
+    # the sampler agree exactly there, at every kink of the log ratio (|d|, clips, ties).
+    log_probs = old_log_probs + normal(B, T, scale=0.3)
+    ref_log_probs = old_log_probs + normal(B, T, scale=0.5)
+    behavior_log_probs = old_log_probs + normal(B, T, scale=0.2)
+    for on_policy in (log_probs, ref_log_probs, behavior_log_probs):
+        on_policy[[0, 9]] = old_log_probs[[0, 9]]
     return {
         "x": normal(B, T, scale=3.0),
         "mask": mask,
@@ -56,10 +64,10 @@ def batch(seed: int = 0) -> dict[str, np.ndarray]:
         "token_rewards": normal(B, T),
         "values": normal(B, T),
         "rewards": rng.integers(0, 2, size=B).astype(np.float32),  # 0/1: some constant groups
-        "log_probs": old_log_probs + normal(B, T, scale=0.3),
+        "log_probs": log_probs,
         "old_log_probs": old_log_probs,
-        "ref_log_probs": old_log_probs + normal(B, T, scale=0.5),
-        "behavior_log_probs": old_log_probs + normal(B, T, scale=0.2),
+        "ref_log_probs": ref_log_probs,
+        "behavior_log_probs": behavior_log_probs,
         "advantages": normal(B, T),
         "row_advantages": normal(B),
         "predicted": normal(B, T),
@@ -181,6 +189,7 @@ LOSSES = {
     "dpo_chosen": (lambda d, pc: _dpo_loss(d, pc, d["policy_rejected"]), "policy_chosen"),
     "dpo_rejected": (lambda d, pr: _dpo_loss(d, d["policy_chosen"], pr), "policy_rejected"),
     "k1_kl": _kl_loss(rl.k1_kl),
+    "abs_kl": _kl_loss(rl.abs_kl),
     "k2_kl": _kl_loss(rl.k2_kl),
     "k3_kl_masked": _kl_loss(rl.k3_kl),
     "k3_kl_straight_through": _kl_loss(rl.k3_kl_straight_through),

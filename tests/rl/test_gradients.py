@@ -1,9 +1,13 @@
 """Gradients pinned where a value cannot tell right from wrong.
 
-`sequence_log_ratio`'s stop-gradients, `clipped_surrogate` at and around its clip edges, and the
-stop-gradients of `clipped_value_loss_terms` and `behavior_importance_weights`. Where a broken
+`sequence_log_ratio`'s stop-gradients, `clipped_surrogate` at and around its clip edges, the
+stop-gradients of `clipped_value_loss_terms` and `behavior_importance_weights`, and every kink of
+the family at the on-policy point (log ratio exactly 0), in float32 and float64. Where a broken
 variant would give the same values, the test writes that variant and shows the check rejects it.
 """
+
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -306,3 +310,227 @@ def test_the_weight_check_catches_weights_left_attached():
     )
     d_old, d_behavior = _weight_grads(_weights_without_stop_gradient)
     assert np.any(np.asarray(d_old) != 0) and np.any(np.asarray(d_behavior) != 0)
+
+
+# --- every kink at the on-policy point, in float32 and float64 -------------------------------
+
+# The first update of every rollout is on-policy: log pi = log pi_old (and, at step 0, log pi =
+# log pi_ref) on every token, so a kink at log ratio 0 is where most gradients are taken. The
+# gradient there follows the references' PyTorch: `torch.abs` has 0 at 0 (sign(0)), `torch.relu`
+# 0 at 0, `torch.clamp` passes the whole gradient at and inside its bounds, `torch.maximum` and
+# `torch.minimum` split a tie in half (as `jnp.maximum` and `jnp.minimum` do). Each case holds
+# tokens exactly on-policy next to ones off it, and its expected gradient is hand-computed.
+
+ADVANTAGES = [[2.0, -2.0, 1.0, -1.0]]
+ON_POLICY = [[-0.1, -3.0, -0.2, -2.5]]  # log_probs = old_log_probs = ref_log_probs
+KEPT = np.ones((1, 4), bool)
+
+
+def _terms_sum(function, **hyper):
+    """`sum(function(log_probs, on-policy old, ADVANTAGES, KEPT))`, a function of log_probs."""
+
+    def loss(x, c):
+        return jnp.sum(function(x, c(ON_POLICY), c(ADVANTAGES), KEPT, **hyper))
+
+    return loss
+
+
+# id -> (loss(x, c) -> scalar, where `c` casts a constant to the case's dtype; the input x;
+# the gradient of the loss at x). Gradients are with respect to the first argument.
+KINKS = {
+    # verl kl_penalty("abs"): |d|, gradient sign(d), so 0 at d = 0.
+    "abs_kl": (
+        lambda x, c: jnp.sum(rl.abs_kl(x, c([-1.0, -1.5, -1.0]))),
+        [-1.0, -2.0, -0.5],
+        [0.0, -1.0, 1.0],
+    ),
+    # verl's numbers with every token on-policy: kl_cov_ratio 0.25 penalises token 1 (largest
+    # covariance), whose |log r| adds 0 to the gradient, so token-mean -A / 4 throughout.
+    "kl_cov_terms": (
+        lambda x, c: rl.token_mean(
+            rl.kl_cov_terms(x, c(ON_POLICY), c(ADVANTAGES), KEPT, kl_ratio=0.25, kl_coef=1.0),
+            KEPT,
+        ),
+        ON_POLICY,
+        [[-0.5, 0.5, -0.25, 0.25]],
+    ),
+    # k3 at d = 0 has value and slope 0; at -d = 20 exactly the clamp passes the gradient
+    # 1 - e^20, beyond it none.
+    "k3_kl_unbounded": (
+        lambda x, c: jnp.sum(rl.k3_kl(x, c([-1.0, -1.0, -1.0]), bound=None)),
+        [-1.0, -21.0, -21.5],
+        [0.0, 1.0 - np.exp(20.0), 0.0],
+    ),
+    # clamp(d, -20, 20): gradient 1 on-policy and at +-20 exactly, 0 beyond.
+    "token_log_ratio": (
+        lambda x, c: jnp.sum(rl.token_log_ratio(x, c([-1.0, -1.0, -1.0, -1.0]))),
+        [-1.0, 19.0, -21.0, 19.5],
+        [1.0, 1.0, 1.0, 0.0],
+    ),
+    # GSPO's clamp at a row mean of exactly 10 passes each token's own gradient; row 0 is
+    # on-policy, row 1 at the bound, row 2 beyond it.
+    "sequence_log_ratio": (
+        lambda x, c: jnp.sum(rl.sequence_log_ratio(x, c(np.zeros((3, 3))), np.ones((3, 3), bool))),
+        [[0.0, 0.0, 0.0], [11.0, 10.0, 9.0], [12.0, 11.0, 10.0]],
+        [[1.0] * 3, [1.0] * 3, [0.0] * 3],
+    ),
+    # On-policy the unclipped and clipped terms tie: the max splits, the clamp passes, -A r.
+    "clipped_surrogate_terms": (
+        lambda x, c: jnp.sum(rl.clipped_surrogate_terms(x, c(ADVANTAGES), KEPT, dual_clip=3.0)[0]),
+        np.zeros((1, 4)),
+        [[-2.0, 2.0, -1.0, 1.0]],
+    ),
+    "clipped_surrogate": (
+        lambda x, c: rl.clipped_surrogate(x, c(ADVANTAGES), KEPT)[0],
+        np.zeros((1, 4)),
+        [[-0.5, 0.5, -0.25, 0.25]],
+    ),
+    # With epsilon 0 the clip's bounds are the on-policy ratio itself: still -A r whole.
+    "clipped_surrogate_zero_epsilon": (
+        lambda x, c: rl.clipped_surrogate(x, c(ADVANTAGES), KEPT, 0.0, 0.0, None)[0],
+        np.zeros((1, 4)),
+        [[-0.5, 0.5, -0.25, 0.25]],
+    ),
+    "two_sided_clipped_surrogate_terms": (
+        lambda x, c: jnp.sum(
+            rl.two_sided_clipped_surrogate_terms(x, c(ADVANTAGES), KEPT, delta=2.0)
+        ),
+        np.zeros((1, 4)),
+        [[-2.0, 2.0, -1.0, 1.0]],
+    ),
+    # The detached weight sg(clip(r)) is 1 on-policy: REINFORCE's -A.
+    "cispo_terms": (_terms_sum(rl.cispo_terms), ON_POLICY, [[-2.0, 2.0, -1.0, 1.0]]),
+    # The gate's slope at r = 1 is 1 for either tau.
+    "sapo_terms": (_terms_sum(rl.sapo_terms), ON_POLICY, [[-2.0, 2.0, -1.0, 1.0]]),
+    # sg(min(r, cap)) = 1 and every token inside the trust region.
+    "dppo_tv_terms": (_terms_sum(rl.dppo_tv_terms), ON_POLICY, [[-2.0, 2.0, -1.0, 1.0]]),
+    "dppo_kl_terms": (_terms_sum(rl.dppo_kl_terms), ON_POLICY, [[-2.0, 2.0, -1.0, 1.0]]),
+    # The quadratic penalty's slope is 0 on-policy.
+    "dro_terms": (_terms_sum(rl.dro_terms, beta=0.5), ON_POLICY, [[-2.0, 2.0, -1.0, 1.0]]),
+    # Covariances (2.7, 3.1, 1.25, 1.05): cov_low 2 makes tokens 0 and 1 the candidates, and
+    # the quota of 2 takes both whatever the key; the rest carry the tied max's whole -A.
+    "clip_cov_terms": (
+        _terms_sum(rl.clip_cov_terms, key=jax.random.key(0), clip_ratio=0.5, cov_low=2.0),
+        ON_POLICY,
+        [[0.0, 0.0, -1.0, 1.0]],
+    ),
+    # sgn(A) min(sgn(A) d, sgn(A) clip(d)) ties on-policy: sgn(A)^2 = 1, so each token of row
+    # i gets -sum(A_i) / n^2 (verl's n = 2 + 1e-8), the mean over the 3 rows a third of it;
+    # A = 0 gives nothing.
+    "gmpo_terms": (
+        lambda x, c: jnp.mean(
+            rl.gmpo_terms(x, c(np.full((3, 2), -0.5)), c([1.0, -2.0, 0.0]), np.ones((3, 2), bool))
+        ),
+        np.full((3, 2), -0.5),
+        np.array([[-2.0, -2.0], [4.0, 4.0], [0.0, 0.0]]) / (3 * (2 + 1e-8) ** 2),
+    ),
+    # Value predicted = old (on-policy): both squared errors tie, v - R whole. At v_old + clip
+    # exactly verl's clip_by_value (a min and a max) halves the clipped term's share: 0.75 (v - R).
+    "clipped_value_loss_terms": (
+        lambda x, c: jnp.sum(
+            rl.clipped_value_loss_terms(x, c([2.0, 2.0, 2.0]), c([0.5, 0.0, 0.0]), clip=0.25)
+        ),
+        [0.5, 0.25, 1.0],
+        [-1.5, 0.75 * (0.25 - 2.0), 0.0],
+    ),
+    # max(0, 1 - z): slope -1 at z = 0 (policy equal to the reference), 0 at the hinge and past it.
+    "hinge_preference_loss": (
+        lambda x, c: jnp.mean(rl.hinge_preference_loss(x)),
+        [0.0, 1.0, 2.0, 0.5],
+        [-0.25, 0.0, 0.0, -0.25],
+    ),
+    # log ratios and the reference KL 0: the floored, detached anchor is 0 and the sigmoid's
+    # slope beta / 4 signs each side.
+    "kto_loss": (
+        lambda x, c: jnp.mean(rl.kto_loss(x, np.array([True, False]), c(0.0), beta=0.1)),
+        [0.0, 0.0],
+        [-0.0125, 0.0125],
+    ),
+}
+
+
+@pytest.fixture(params=["float32", "float64"])
+def precision(request):
+    """The dtype a case runs in; float64 under `jax_enable_x64`, reset afterwards."""
+    if request.param == "float64":
+        jax.config.update("jax_enable_x64", True)
+        yield jnp.float64
+        jax.config.update("jax_enable_x64", False)
+    else:
+        yield jnp.float32
+
+
+@pytest.mark.parametrize("case", KINKS)
+def test_gradient_at_the_on_policy_point_follows_the_references(case, precision):
+    loss, x, expected = KINKS[case]
+
+    def c(value):
+        return jnp.asarray(value, precision)
+
+    grad = jax.jit(jax.grad(lambda a: loss(a, c)))(c(x))
+    assert grad.dtype == precision
+    tolerance = {"rtol": 1e-6, "atol": 1e-7} if precision == jnp.float32 else {"rtol": 1e-12}
+    np.testing.assert_allclose(grad, np.asarray(expected, np.float64), **tolerance)
+
+
+def test_the_kink_check_catches_jnp_abs_at_zero():
+    # `jnp.abs` has gradient 1 at 0: the same values, but the on-policy token moves.
+    _, x, expected = KINKS["abs_kl"]
+    ref = jnp.array([-1.0, -1.5, -1.0])
+    np.testing.assert_array_equal(jnp.abs(jnp.array(x) - ref), rl.abs_kl(jnp.array(x), ref))
+    grad = jax.grad(lambda a: jnp.sum(jnp.abs(a - ref)))(jnp.array(x))
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(grad, expected)
+
+
+KINK_TABLE = "| function | kink | gradient there | reference |"
+DETACHED_AT_RATIO_ONE = {
+    "behavior_importance_weights", "sequence_importance_weights", "masked_importance_weights",
+    "masked_sequence_importance_weights", "rejection_mask",
+}  # fmt: skip
+
+
+def _kink_rows() -> set[str]:
+    """The functions named in the first cells of the fidelity page's kink table."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "fidelity.md").read_text()
+    rows = page.split(KINK_TABLE)[1].split("\n\n")[0].splitlines()[2:]
+    return {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+
+
+def test_every_function_of_the_fidelity_pages_kink_table_has_an_on_policy_case():
+    cased = {case.removesuffix("_unbounded").removesuffix("_zero_epsilon") for case in KINKS}
+    rows = _kink_rows()
+    assert rows <= set(rl.__all__)
+    assert rows == cased | DETACHED_AT_RATIO_ONE
+
+
+def test_on_policy_the_importance_corrections_are_the_identity_and_detached(precision):
+    # Their clamps, caps, bands and maxima sit at log ratio 0 (ratio 1) on-policy: every weight
+    # is 1 (a cap or band bound of exactly 1 included), nothing is rejected, no gradient.
+    old = jnp.asarray(ON_POLICY * 2, precision)
+    mask = np.array([[True, True, True, False], [True, True, True, True]])
+
+    def corrections(old_log_probs, behavior):
+        return {
+            "token": rl.behavior_importance_weights(old_log_probs, behavior, mask, cap=1.0),
+            "sequence": rl.sequence_importance_weights(old_log_probs, behavior, mask, cap=1.0),
+            "band": rl.masked_importance_weights(old_log_probs, behavior, mask, 1.0, 1.0),
+            "sequence_band": rl.masked_sequence_importance_weights(
+                old_log_probs, behavior, mask, 1.0, 1.0
+            ),
+            "kept_k1": rl.rejection_mask(old_log_probs, behavior, mask, "k1", "token", 1.0),
+            "kept_max_k3": rl.rejection_mask(
+                old_log_probs, behavior, mask, "k3", "sequence_max", 1e-30
+            ),
+        }
+
+    values = jax.jit(corrections)(old, old)
+    for name, value in values.items():
+        np.testing.assert_array_equal(value, mask, err_msg=name)
+    for name in values:
+
+        def total(old_log_probs, behavior, name=name):
+            return jnp.sum(corrections(old_log_probs, behavior)[name].astype(precision))
+
+        for grad in jax.jit(jax.grad(total, argnums=(0, 1)))(old, old):
+            np.testing.assert_array_equal(grad, 0.0, err_msg=name)

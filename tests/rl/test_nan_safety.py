@@ -290,7 +290,7 @@ def test_the_padding_check_catches_a_multiply_by_mask_gae_with_a_float_mask():
     assert not np.all(np.isfinite(np.asarray(dirty)[KEEP])), "the NaN reaches kept steps"
 
 
-# --- the issue-15 families, one compilation per family ------------------------------------------
+# --- the families beyond the reference page, one compilation per family -----------------------
 # Each family's functions run together on shared arrays; a NaN or inf in any function's padding
 # shows in its own outputs and in the summed gradient. Float masks only: the stricter kind.
 

@@ -1,4 +1,4 @@
-"""The issue-15 families match their reference implementations, values and gradients.
+"""The families beyond the reference page match their references, values and gradients.
 
 `tests/rl/parity-family/` holds cases produced by `tools/parity/generate.py` from verl 0.9.1,
 TRL 1.16.0 and Tunix 0.1.7 (see its `manifest.json`): float32 inputs with padding, empty rows,

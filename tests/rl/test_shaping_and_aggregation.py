@@ -140,6 +140,19 @@ def test_overlong_penalty_follows_dapo_equation_13():
     )
 
 
+def test_overlong_penalty_is_float64_under_x64():
+    # 13 kept tokens, max_length 14, buffer 11: (3 - 13) / 11, as TRL and verl give it in float64.
+    mask = jnp.arange(16)[None] < 13
+    jax.config.update("jax_enable_x64", True)
+    try:
+        penalty = jax.jit(overlong_penalty, static_argnums=(1, 2))(mask, 14, 11)
+        assert penalty.dtype == jnp.float64
+        assert abs(float(penalty[0]) - (-0.9090909090909091)) < 1e-9
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert overlong_penalty(mask, 14, 11).dtype == jnp.float32
+
+
 def test_overlong_penalty_checks_its_arguments():
     mask = jnp.ones((2, 4), bool)
     with pytest.raises(ValueError, match="overlong_penalty: buffer must be >= 1, got 0"):

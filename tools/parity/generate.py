@@ -1,4 +1,4 @@
-"""Parity fixtures for the dew.rl families of issue 15, from the reference implementations.
+"""Parity fixtures for the dew.rl families beyond the reference page, from the references.
 
 Run by hand, never in CI, in a throwaway virtual environment that is not the project's:
 

@@ -31,6 +31,17 @@ class _CommandError(Exception):
     """A user mistake on the command line; printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """An `argparse` parser whose usage errors are one line and a pointer to `--help`.
+
+    argparse prints the whole usage before the error, 39 lines for `dew train`, which buries the
+    one line that says what went wrong.
+    """
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise _CommandError(f"{message}; see `{self.prog} --help`")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -238,7 +249,7 @@ def _process_parser() -> argparse.ArgumentParser:
       >>> _process_parser().parse_known_args(["--no-compile-cache", "--steps", "3"])[0]
       Namespace(compile_cache=False)
     """
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = _Parser(add_help=False)
     parser.add_argument(
         "--compile-cache",
         action=argparse.BooleanOptionalAction,
@@ -264,7 +275,7 @@ def _train_parser(objective_cls: type | None, defaults) -> argparse.ArgumentPars
       >>> {name: value for name, value in args.items() if name != "compile_cache"}
       {'quiet': False, 'objective.epsilon': 0.1, 'objective.whiten': False, 'steps': 5}
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dew train",
         parents=[_process_parser()],
         description="Train a policy on a task; writes config.json, metrics.jsonl, checkpoints/ "
@@ -308,7 +319,7 @@ def _join_processes(argv: list[str]) -> None:
     """Join the multi-process run the flags or JAX's environment variables name, if any."""
     from dew.distributed import ProcessError, join, processes_from
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = _Parser(prog="dew train", add_help=False)
     _add_process_flags(parser)
     known = vars(parser.parse_known_args(argv)[0])
     try:
@@ -390,7 +401,7 @@ def _parse_train(argv: list[str]):
     from dew.train.runlog import read_config
 
     defaults = TrainConfig()
-    first = argparse.ArgumentParser(add_help=False)
+    first = _Parser(prog="dew train", add_help=False)
     first.add_argument("--objective")
     first.add_argument("--out")
     first.add_argument("--resume", action="store_true")
@@ -466,7 +477,7 @@ def _command_train(argv: list[str]) -> int:
 
 def _command_sample(argv: list[str]) -> int:
     """Run `dew sample`; the exit status."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dew sample",
         parents=[_process_parser()],
         description="Print prompts of a task with a model's completions: a trained run's "
@@ -508,7 +519,7 @@ def _command_sample(argv: list[str]) -> int:
 
 def _eval_parser() -> argparse.ArgumentParser:
     """The parser of `dew eval`."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dew eval",
         parents=[_process_parser()],
         description="Evaluate a run's policy (a run folder) or a model on a task's held-out "
@@ -592,7 +603,7 @@ def _command_eval(argv: list[str]) -> int:
 
 def _command_export(argv: list[str]) -> int:
     """Run `dew export`: write a run's policy as a Hugging Face folder; the exit status."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dew export",
         parents=[_process_parser()],
         description="Write a run's policy (LoRA adapters merged) as a Hugging Face model folder "
@@ -630,7 +641,7 @@ def _command_chat(argv: list[str]) -> int:
     The message is rendered with the model's chat template (its default system prompt included)
     and the answer decoded until the template's end-of-turn token.
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dew chat",
         parents=[_process_parser()],
         description="Answer one message with a chat model.",
@@ -684,7 +695,7 @@ def _command_chat(argv: list[str]) -> int:
 
 def _launch_parser() -> argparse.ArgumentParser:
     """The parser of `dew launch`."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dew launch",
         usage="dew launch [-h] --processes N -- train ARGS",
         description="Run `dew train ARGS` as N processes on this host, joined into one run "
@@ -731,7 +742,7 @@ def _build_parser() -> argparse.ArgumentParser:
       >>> parser.parse_args(["sample"]).command
       'sample'
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dew",
         description="Dew: RL post-training of language models in JAX.",
         epilog="`dew train --help` lists the training flags; `dew train --objective NAME --help` "
@@ -808,18 +819,17 @@ def main(argv: list[str] | None = None) -> int:
         if not argv or argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
-        parser.print_usage(sys.stderr)
-        known = "use train, sample, eval, chat, export or launch"
+        known = "use train, sample, eval, chat, export or launch (see `dew --help`)"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
     command = _COMMANDS[argv[0]]
-    if not {"-h", "--help"} & set(argv):
-        from dew.compile_cache import use_compile_cache
-
-        use_compile_cache(_process_parser().parse_known_args(argv[1:])[0].compile_cache)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
+        if not {"-h", "--help"} & set(argv):
+            from dew.compile_cache import use_compile_cache
+
+            use_compile_cache(_process_parser().parse_known_args(argv[1:])[0].compile_cache)
         return command(argv[1:])
     except _CommandError as error:
         print(f"dew: error: {error}", file=sys.stderr)

@@ -19,6 +19,15 @@ def clip(x: jax.Array, low: float | None, high: float | None) -> jax.Array:
     return x
 
 
+def magnitude(x: jax.Array) -> jax.Array:
+    """`|x|`, with gradient `sign(x)`: 0 at `x = 0`, as `torch.abs` (the references) has.
+
+    `jnp.abs` has gradient 1 at 0, so every on-policy token (log ratio exactly 0, as on the first
+    update of each rollout) would get a gradient the references do not give.
+    """
+    return jnp.sign(x) * x
+
+
 def as_float(*arrays: jax.Array) -> list[jax.Array]:
     """The arrays in their common compute dtype (at least float32)."""
     arrays = [jnp.asarray(a) for a in arrays]

@@ -191,7 +191,8 @@ def overlong_penalty(mask: jax.Array, max_length: int, buffer: int) -> jax.Array
     check_hyperparameter("overlong_penalty", "max_length", max_length, POSITIVE)
     check_hyperparameter("overlong_penalty", "buffer", buffer, AT_LEAST_ONE)
     check_ordered("overlong_penalty", "buffer", buffer, "max_length", max_length, strict=True)
-    length = jnp.sum(jnp.asarray(mask).astype(bool).astype(jnp.float32), axis=1)
+    # Counted in the default float type: float64 under `jax_enable_x64`, as the references' lengths.
+    length = jnp.sum(jnp.asarray(mask).astype(bool), axis=1, dtype=jnp.result_type(float))
     penalty = ((max_length - buffer) - length) / buffer
     return jnp.clip(jnp.minimum(penalty, 0.0), -1.0, 0.0)
 

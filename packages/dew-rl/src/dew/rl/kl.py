@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import POSITIVE, check_hyperparameter, check_same_shape
-from dew.rl._ops import clip, kept_floats
+from dew.rl._ops import clip, kept_floats, magnitude
 
 LOG_RATIO_BOUND = 20.0
 """verl clamps `log pi_ref - log pi` to +-20 before k3's exponential."""
@@ -67,8 +67,8 @@ def abs_kl(
     $$|\log\pi - \log\pi_{\text{ref}}|$$
 
     `abs(log_probs - ref_log_probs)`, 0 where `mask` drops the token. Not an unbiased estimate
-    of any divergence; kept because verl ships it as `kl_penalty="abs"`. At `d = 0` the gradient
-    is 0 (`jnp.abs`, like `torch.abs`).
+    of any divergence; kept because verl ships it as `kl_penalty="abs"`. At `d = 0` (the policy
+    equal to the reference) the gradient is 0, as `torch.abs` gives verl; `jnp.abs` would give 1.
 
     Reference: verl 0.9.1 `core_algos.kl_penalty_forward("abs")`.
 
@@ -76,9 +76,12 @@ def abs_kl(
       >>> import jax.numpy as jnp
       >>> print(abs_kl(jnp.array([-1.0, -2.0]), jnp.array([-1.5, -1.0])))
       [0.5 1. ]
+      >>> import jax
+      >>> print(jax.grad(lambda lp: abs_kl(lp, jnp.array([-1.0])).sum())(jnp.array([-1.0])))
+      [0.]
     """
     d, mask = _difference("abs_kl", log_probs, ref_log_probs, mask)
-    return jnp.where(mask, jnp.abs(d), 0)
+    return jnp.where(mask, magnitude(d), 0)
 
 
 def k2_kl(

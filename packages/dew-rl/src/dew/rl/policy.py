@@ -28,7 +28,7 @@ from dew.rl._checks import (
     check_rank,
     check_same_shape,
 )
-from dew.rl._ops import as_float, clip, kept_floats
+from dew.rl._ops import as_float, clip, kept_floats, magnitude
 from dew.rl.masked import masked_mean, token_mean
 from dew.rl.ratio import LOG_RATIO_BOUND
 
@@ -513,7 +513,8 @@ def kl_cov_terms(
     advantage-log-probability covariance `(A - mean A)(log pi - mean log pi)` (plain means over
     the kept tokens, detached), `n` the kept tokens; they carry an extra `kl_coef * |log r|`
     (arXiv:2505.22617). No ratio clipping; `r = exp(log_probs - old_log_probs)` unclamped, as in
-    verl. Masked positions hold 0.
+    verl. On-policy (`log r = 0`) the penalty's gradient is 0, as `torch.abs` gives verl. Masked
+    positions hold 0.
 
     Reference: verl 0.9.1 `compute_policy_loss_kl_cov` before its `agg_loss`
     (`kl_cov_ratio`, `ppo_kl_coef`). Ties in the covariance go to the earlier token.
@@ -540,7 +541,7 @@ def kl_cov_terms(
     quota = jnp.maximum(jnp.floor(kl_ratio * count), 1)
     priority = jnp.where(mask, jax.lax.stop_gradient(covariance), -jnp.inf)
     penalised = mask & (_ranks(priority).reshape(mask.shape) < quota)
-    terms = jnp.where(penalised, surrogate + kl_coef * jnp.abs(log_ratio), surrogate)
+    terms = jnp.where(penalised, surrogate + kl_coef * magnitude(log_ratio), surrogate)
     return jnp.where(mask, terms, 0)
 
 

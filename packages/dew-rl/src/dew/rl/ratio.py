@@ -125,12 +125,12 @@ def behavior_importance_weights(
     log-probabilities (`old_log_probs`) and the sampler's (`behavior_log_probs`), for when the two
     engines disagree. Multiply the per-token loss by it before reducing.
 
-    Port of verl `compute_rollout_correction_weights` (token), revision
-    d040717b21af2e23e8e789a3e354cff2394ae2de: exponentiate the log ratio clamped to +-20, mask
-    padding, then cap the weight. No batch normalization or rejection sampling is implied. Token TIS
-    and filtered sampling do not recover an unbiased full-trajectory raw-policy expectation.
+    As verl: exponentiate the log ratio clamped to +-20, mask padding, then cap the weight. No
+    batch normalization or rejection sampling is implied. Token TIS and filtered sampling do not
+    recover an unbiased full-trajectory raw-policy expectation. `cap <= 0` is a `ValueError`.
 
-    `cap <= 0` is a `ValueError`. Tunix 0.1.7 has no counterpart.
+    Reference: verl d040717 `rollout_corr_helper.compute_rollout_correction_weights` at token
+    level (revision d040717b21af2e23e8e789a3e354cff2394ae2de); Tunix 0.1.7 has no counterpart.
 
     Examples:
       >>> import jax.numpy as jnp

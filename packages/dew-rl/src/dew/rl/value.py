@@ -21,13 +21,13 @@ def clipped_value_loss_terms(
     *,
     mask: jax.Array | None = None,
 ) -> jax.Array:
-    r"""Per-token clipped value loss, before any reduction.
+    r"""verl d040717 `compute_value_loss`, before its token-mask reduction.
 
     $$\ell_t = \tfrac12 \max\big((v_t - R_t)^2,\;
       (\operatorname{clip}(v_t, v^{\text{old}}_t - c, v^{\text{old}}_t + c) - R_t)^2\big)$$
 
-    The larger squared error of the live prediction and the prediction clipped around recorded
-    values is multiplied by one half:
+    The per-token clipped value loss, before any reduction: the larger squared error of the live
+    prediction and the prediction clipped around recorded values, multiplied by one half:
     `0.5 * max((v - R)^2, (clip(v, v_old - clip, v_old + clip) - R)^2)`, per token (the PPO value
     clipping of arXiv:1707.06347's reference implementation). Targets and recorded values are
     detached rollout data. Reduce with `token_mean(terms, mask)`.

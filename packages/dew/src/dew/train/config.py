@@ -121,19 +121,22 @@ class EvalOptions:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerOptions:
-    """AdamW after global gradient-norm clipping, with a linear warmup.
+    """AdamW after global gradient-norm clipping, with a linear warmup and a schedule.
 
     Attributes:
       lr: AdamW learning rate.
       weight_decay: AdamW weight decay.
       max_grad_norm: global gradient-norm clip.
       warmup: optimizer steps of linear learning-rate warmup.
+      lr_schedule: the learning rate after the warmup: constant, or linear or cosine decay to 0
+        at the run's last optimizer step (--steps x --updates-per-rollout).
     """
 
     lr: float = option(1e-3, POSITIVE)
     weight_decay: float = option(0.0, NON_NEGATIVE)
     max_grad_norm: float = option(1.0, POSITIVE)
     warmup: int = option(0, NON_NEGATIVE)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,6 +495,13 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
         raise ConfigError(
             f"--group must be >= {source.min_group} for objective {config.objective!r}, "
             f"got {rollout.group}"
+        )
+    schedule, warmup = config.optimizer.lr_schedule, config.optimizer.warmup
+    optimizer_steps = config.run.steps * update.updates_per_rollout
+    if schedule != "constant" and warmup >= optimizer_steps:
+        raise ConfigError(
+            f"--warmup ({warmup}) must be below the run's {optimizer_steps} optimizer steps "
+            f"(--steps x --updates-per-rollout) for --lr-schedule {schedule}"
         )
     if rollout.prompts % update.micro_batches:
         raise ConfigError(

@@ -57,7 +57,13 @@ from dew.train.config import (
     validate,
 )
 from dew.train.runlog import _default_run_dir, _write_config, read_config
-from dew.train.update import UpdateSpec, _compiled_reference, _compiled_update, optimizer
+from dew.train.update import (
+    UpdateSpec,
+    _compiled_reference,
+    _compiled_update,
+    _schedule_steps,
+    optimizer,
+)
 
 __all__ = [
     "TrainResult",
@@ -248,7 +254,7 @@ class Trainer:
         frozen = cast_floating(nnx.to_pure_dict(frozen), stored)
         self.params = jax.device_put(params, param_shardings(params, self.mesh, fsdp))
         self.frozen = jax.device_put(frozen, param_shardings(frozen, self.mesh, fsdp))
-        opt_state = optimizer(config.optimizer).init(self.params)
+        opt_state = optimizer(config.optimizer, _schedule_steps(config)).init(self.params)
         self.opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh, fsdp))
         self.ref_params = None
         if self.objective.needs_reference:
@@ -266,6 +272,7 @@ class Trainer:
             fsdp,
             config.memory,
             config.precision.compute_dtype,
+            _schedule_steps(config),
         )
         self.update_fn = _compiled_update(spec)
         # The reference pass runs beside the host's scoring (`_draw`), unless the rows are packed

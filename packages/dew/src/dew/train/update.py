@@ -35,10 +35,11 @@ from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
 from dew.train._packing import Packing, packed_outputs, whole_batch
 from dew.train._precision import cast_floating
-from dew.train.config import MemoryOptions, OptimizerOptions, UpdateOptions
+from dew.train.config import MemoryOptions, OptimizerOptions, TrainConfig, UpdateOptions
 
 __all__ = [
     "UpdateSpec",
+    "learning_rate",
     "make_reference",
     "make_update",
     "optimizer",
@@ -49,10 +50,36 @@ _PLAIN = MemoryOptions()
 """Every position's logits at once, no remat: the update's memory options by default."""
 
 
-def optimizer(options: OptimizerOptions) -> optax.GradientTransformation:
+def learning_rate(options: OptimizerOptions, steps: int) -> float | optax.Schedule:
+    """The learning rate of each optimizer step: a number for a constant one, else a schedule.
+
+    It rises linearly from 0 over the first `warmup` steps, then stays at `lr` (`"constant"`) or
+    decays to 0 at step `steps`, linearly (`"linear"`) or along half a cosine (`"cosine"`), as
+    TRL's (transformers') `get_linear_schedule_with_warmup` and
+    `get_cosine_schedule_with_warmup`. An optax schedule counts in the optimizer's state, so a
+    resumed run goes on where it stopped.
+
+    Reference: optax `linear_schedule`, `join_schedules`, `warmup_cosine_decay_schedule`.
+
+    Examples:
+      >>> cosine = learning_rate(OptimizerOptions(lr=1.0, warmup=2, lr_schedule="cosine"), 6)
+      >>> [round(float(cosine(step)), 3) for step in range(7)]
+      [0.0, 0.5, 1.0, 0.854, 0.5, 0.146, 0.0]
+    """
+    lr, warmup = options.lr, options.warmup
+    if options.lr_schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, end_value=0.0)
+    if options.lr_schedule == "linear":
+        decay = optax.linear_schedule(lr, 0.0, steps - warmup)
+        return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
+    return optax.linear_schedule(0.0, lr, warmup) if warmup > 0 else lr
+
+
+def optimizer(options: OptimizerOptions, steps: int = 0) -> optax.GradientTransformation:
     """AdamW (arXiv:1711.05101) after clipping the global gradient norm to `max_grad_norm`.
 
-    The learning rate rises linearly from 0 over the first `warmup` optimizer steps.
+    The learning rate is `learning_rate(options, steps)`: a linear warmup over the first
+    `warmup` optimizer steps, then `lr_schedule` over the run's `steps` optimizer steps.
 
     Reference: optax `clip_by_global_norm` chained with `adamw`.
 
@@ -67,12 +94,23 @@ def optimizer(options: OptimizerOptions) -> optax.GradientTransformation:
       >>> float(jnp.abs(step["w"]).max())  # the learning rate starts at 0
       0.0
     """
-    lr, warmup = options.lr, options.warmup
-    schedule = optax.linear_schedule(0.0, lr, warmup) if warmup > 0 else lr
     return optax.chain(
         optax.clip_by_global_norm(options.max_grad_norm),
-        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=options.weight_decay),
+        optax.adamw(
+            learning_rate(options, steps), b1=0.9, b2=0.99, weight_decay=options.weight_decay
+        ),
     )
+
+
+def _schedule_steps(config: TrainConfig) -> int:
+    """The optimizer steps a decaying `--lr-schedule` spans: the run's; 0 for a constant one.
+
+    A constant learning rate depends on no horizon, so its compiled update is the same whatever
+    `--steps` is (and is kept and reused across runs as before).
+    """
+    if config.optimizer.lr_schedule == "constant":
+        return 0
+    return config.run.steps * config.update.updates_per_rollout
 
 
 def _split_micro_batches(batch: Batch, count: int) -> Batch:
@@ -332,6 +370,7 @@ class UpdateSpec:
       fsdp: params and optimizer state sharded over the mesh (`dew.mesh.param_shardings`).
       memory: chunked log-probs and per-layer remat.
       compute_dtype: the dtype of the policy's passes (`--compute-dtype`).
+      schedule_steps: the optimizer steps a decaying learning rate spans (`_schedule_steps`).
     """
 
     graphdef: nnx.GraphDef
@@ -342,6 +381,7 @@ class UpdateSpec:
     fsdp: bool = False
     memory: MemoryOptions = dataclasses.field(default_factory=MemoryOptions)
     compute_dtype: str = "float32"
+    schedule_steps: int = 0
 
 
 def make_update(spec: UpdateSpec):
@@ -384,7 +424,7 @@ def make_update(spec: UpdateSpec):
     """
     graphdef, objective, memory = spec.graphdef, spec.objective, spec.memory
     compute_dtype = spec.compute_dtype
-    tx = optimizer(spec.optimizer)
+    tx = optimizer(spec.optimizer, spec.schedule_steps)
     count = spec.update.micro_batches
     # The old log-probs (and values) are the current policy's: with one micro-batch the first
     # step's own pass provides them (`_rollout_fields_of`), else a pass of their own runs first.
