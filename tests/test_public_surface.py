@@ -101,6 +101,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     },
     "dew.train.plot": {"plot_run"},
     "dew.train.runlog": {"CONFIG", "METRICS", "read_config", "read_metrics"},
+    "dew.train.trackers": {"STATE", "TRACKERS", "Reporting", "Tracker", "TrackerRun",
+                           "tracker_names"},
     "dew.train.trainer": {"greedy_reward"},
     "dew.train.update": {"UpdateSpec", "make_reference", "make_update", "optimizer"},
 }  # fmt: skip

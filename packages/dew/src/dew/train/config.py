@@ -29,6 +29,7 @@ from dew.rewards import _parse_reward
 from dew.rollout.prompter import Prompter
 from dew.tasks import Dataset, Task, get_task, load_examples
 from dew.tokenizers import DIGITS, Tokenizer
+from dew.train.trackers import tracker_names
 
 __all__ = [
     "CHECKPOINT_DEFAULTS",
@@ -58,6 +59,9 @@ class RunOptions:
       out: run folder (default runs/<YYYYmmdd-HHMMSS>).
       resume: continue the run in `--out` (default: the newest in `runs/`) from its last checkpoint.
       checkpoint_every: checkpoint every N steps (and at the end).
+      report_to: experiment trackers that also get the run's metrics, config and samples,
+        comma-separated: any of tensorboard, wandb, mlflow, trackio (each the extra
+        dew[NAME]; default: none).
     """
 
     steps: int = option(250, AT_LEAST_ONE)
@@ -65,6 +69,7 @@ class RunOptions:
     out: str | None = None
     resume: bool = False
     checkpoint_every: int = option(50, AT_LEAST_ONE)
+    report_to: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,9 +482,15 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
       Traceback (most recent call last):
       ...
       dew.options.ConfigError: --lr must be > 0, got inf
+      >>> validate(TrainConfig(objective="sft").replace(report_to="neptune"), SFT())
+      ... # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --report-to: unknown tracker 'neptune'; choose from tensorboard, ...
     """
     for section in _SECTIONS:
         check_options(getattr(config, section))
+    tracker_names(config.run.report_to)
     rollout, update = config.rollout, config.update
     unknown = [name for name in config.lora.modules if name not in LORA_MODULES]
     if unknown or not config.lora.modules:

@@ -57,6 +57,7 @@ from dew.train.config import (
     validate,
 )
 from dew.train.runlog import _default_run_dir, _write_config, read_config
+from dew.train.trackers import _reporting
 from dew.train.update import UpdateSpec, _compiled_reference, _compiled_update, optimizer
 
 __all__ = [
@@ -185,6 +186,7 @@ class Trainer:
             Checkpointing(config.run.checkpoint_every),
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
+            *_reporting(config.run.report_to, self.run_dir, config.evaluation.samples_every),
         ]
         # Every process saves its part of a checkpoint; only the first writes and prints the rest.
         every_process = (MetricsLog, Checkpointing)
