@@ -214,7 +214,7 @@ class Exploding:
 def test_a_tracker_that_fails_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
     exploding = Reporting({"exploding": Exploding}, tmp_path / "run")
     config = TrainConfig(objective="sft", model="tiny").replace(
-        steps=3, prompts=2, out=str(tmp_path / "run"), report_to="tensorboard", samples_every=1
+        steps=3, prompts=4, out=str(tmp_path / "run"), report_to="tensorboard", samples_every=1
     )
     result = train(config, callbacks=[exploding], quiet=True)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
@@ -223,6 +223,7 @@ def test_a_tracker_that_fails_is_one_warning_and_the_run_goes_on(tmp_path, capsy
         "device); the run goes on without it"
     ]
     assert [row["step"] for row in read_metrics(result.run_dir)] == [1, 2, 3]
+    assert json.loads((result.run_dir / "end.json").read_text())["status"] == "finished"
     # The tracker --report-to asked for got the whole run, samples included.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

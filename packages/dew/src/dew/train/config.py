@@ -29,7 +29,6 @@ from dew.rewards import _parse_reward
 from dew.rollout.prompter import Prompter
 from dew.tasks import Dataset, Task, get_task, load_examples
 from dew.tokenizers import DIGITS, Tokenizer
-from dew.train.trackers import tracker_names
 
 __all__ = [
     "CHECKPOINT_DEFAULTS",
@@ -488,6 +487,10 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
       ...
       dew.options.ConfigError: --report-to: unknown tracker 'neptune'; choose from tensorboard, ...
     """
+    from dew.train.trackers import (
+        tracker_names,  # here: it imports the run folder, which imports this
+    )
+
     for section in _SECTIONS:
         check_options(getattr(config, section))
     tracker_names(config.run.report_to)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dew.options import ConfigError
 from dew.train.callbacks import Callback, _step_samples
+from dew.train.runs import _ending_status
 
 if TYPE_CHECKING:
     from dew.train.trainer import Trainer
@@ -360,24 +361,6 @@ _OPENERS: dict[str, Callable[[TrackerRun], Tracker]] = {
     "mlflow": _MLflow,
     "trackio": _Trackio,
 }
-
-
-def _ending_status() -> str:
-    """How the run is ending, from the exception propagating now (called while it unwinds).
-
-    Examples:
-      >>> _ending_status()
-      'finished'
-      >>> try:
-      ...     raise KeyboardInterrupt
-      ... except KeyboardInterrupt:
-      ...     _ending_status()
-      'interrupted'
-    """
-    error = sys.exc_info()[1]
-    if error is None:
-        return "finished"
-    return "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
 
 
 def _sample_table(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

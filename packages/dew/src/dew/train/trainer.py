@@ -57,6 +57,7 @@ from dew.train.config import (
     validate,
 )
 from dew.train.runlog import _default_run_dir, _write_config, read_config
+from dew.train.runs import RunEnd
 from dew.train.trackers import _reporting
 from dew.train.update import UpdateSpec, _compiled_reference, _compiled_update, optimizer
 
@@ -187,6 +188,7 @@ class Trainer:
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
             *_reporting(config.run.report_to, self.run_dir, config.evaluation.samples_every),
+            RunEnd(self.run_dir),
         ]
         # Every process saves its part of a checkpoint; only the first writes and prints the rest.
         every_process = (MetricsLog, Checkpointing)
@@ -594,7 +596,7 @@ def train(
       >>> config = TrainConfig(objective="sft", model="tiny").replace(steps=2, prompts=2, out=out)
       >>> result = train(config, quiet=True)
       >>> [row["step"] for row in result.history], sorted(p.name for p in result.run_dir.iterdir())
-      ([1, 2], ['.lock', 'checkpoints', 'config.json', 'metrics.jsonl', 'reward.png'])
+      ([1, 2], ['.lock', 'checkpoints', 'config.json', 'end.json', 'metrics.jsonl', 'reward.png'])
       >>> 0.0 <= result.greedy_reward <= 1.0
       True
       >>> shutil.rmtree(out)
