@@ -523,7 +523,11 @@ def _eval_parser() -> argparse.ArgumentParser:
         "built-in model, smollm2, a checkpoint folder or a .gguf file",
     )
     parser.add_argument("--task", help="the task (default: the run's, else reverse)")
-    parser.add_argument("--data", help="a .jsonl or .parquet file of examples, in place of --task")
+    parser.add_argument(
+        "--data",
+        help="examples in place of --task: a .jsonl or .parquet file, a saved dataset's folder "
+        "or NAME:SPLIT of a cached Hugging Face dataset",
+    )
     _add_task_flags(parser)
     parser.add_argument("--k", type=int, default=1, help="completions per prompt (default: 1)")
     parser.add_argument(

@@ -27,7 +27,7 @@ from dew.options import (
 )
 from dew.rewards import _parse_reward
 from dew.rollout.prompter import Prompter
-from dew.tasks import Dataset, Task, get_task, load_examples
+from dew.tasks import Dataset, Task, get_task, load_examples, to_examples
 from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
@@ -248,7 +248,8 @@ class TrainConfig:
       objective: the objective, by entry-point name.
       task: the task, by name.
       model: a built-in model (tiny, default, small), smollm2, a checkpoint folder or a .gguf file.
-      data: a .jsonl or .parquet file of examples to train on, in place of `--task`.
+      data: examples to train on, in place of `--task`: a .jsonl or .parquet file, a folder
+        datasets' save_to_disk wrote, or NAME:SPLIT of a dataset in the Hugging Face cache.
       rewards: the reward functions (`NAME[=WEIGHT]`), in place of the task's.
       run: steps, seed, run folder, resume, checkpoints.
       prompting: system prompt and token budgets.
@@ -395,6 +396,35 @@ def _resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
             examples = load_examples(config.data)
             return Dataset(examples, name=Path(config.data).stem, **config.task_options)
         return get_task(config.task, **config.task_options)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error)) from error
+
+
+def _with_data(
+    config: TrainConfig, data: Any, task: Task | None
+) -> tuple[TrainConfig, Task | None]:
+    """The config and task of `train(config, data=data, task=task)`.
+
+    A path becomes `--data` (recorded in `config.json`, so a resume finds it again); examples in
+    memory (a list of dicts, a `datasets.Dataset`, a pandas DataFrame) become a `Dataset` task
+    named `data`.
+
+    Examples:
+      >>> config, task = _with_data(TrainConfig(), "questions.jsonl", None)
+      >>> config.data, task
+      ('questions.jsonl', None)
+      >>> rows = [{"prompt": f"{a} + 1 = ?", "answer": a + 1} for a in range(10)]
+      >>> _with_data(TrainConfig(), rows, None)[1].train[0]
+      {'prompt': '0 + 1 = ?', 'answer': 1}
+    """
+    if data is None:
+        return config, task
+    if task is not None:
+        raise ConfigError("train: pass data or task, not both")
+    if isinstance(data, str | Path):
+        return config.replace(data=str(data)), None
+    try:
+        return config, Dataset(to_examples(data), **config.task_options)
     except (ValueError, TypeError) as error:
         raise ConfigError(str(error)) from error
 

@@ -54,6 +54,7 @@ from dew.train.config import (
     TrainConfig,
     _make_prompter,
     _resolve,
+    _with_data,
     validate,
 )
 from dew.train.runlog import _default_run_dir, _write_config, read_config
@@ -578,6 +579,7 @@ def train(
     *,
     objective: Objective | None = None,
     task: Task | None = None,
+    data: Any = None,
     callbacks: Sequence[Callback] = (),
     console: Console | None = None,
     quiet: bool = False,
@@ -587,7 +589,9 @@ def train(
     """Train a policy on a task with an objective; the `TrainResult`.
 
     `objective` and `task` may be instances (for ones not registered by name); otherwise
-    `config.objective` and `config.task` name them. `on_start(run_dir)` runs once the run folder
+    `config.objective` and `config.task` name them. `data`, in place of a task, is the examples
+    to train on: a path (as `--data` takes), a list of dicts, a `datasets.Dataset` or a pandas
+    DataFrame. `on_start(run_dir)` runs once the run folder
     exists, `on_step(step, metrics)` after each step; `callbacks` get every hook.
 
     Examples:
@@ -602,6 +606,7 @@ def train(
       >>> shutil.rmtree(out)
     """
     hooks = [_Hooks(on_start, on_step)] if on_start or on_step else []
+    config, task = _with_data(config, data, task)
     trainer = Trainer(
         config,
         objective=objective,
