@@ -591,8 +591,8 @@ def train(
     `objective` and `task` may be instances (for ones not registered by name); otherwise
     `config.objective` and `config.task` name them. `data`, in place of a task, is the examples
     to train on: a path (as `--data` takes), a list of dicts, a `datasets.Dataset` or a pandas
-    DataFrame. `on_start(run_dir)` runs once the run folder
-    exists, `on_step(step, metrics)` after each step; `callbacks` get every hook.
+    DataFrame. `on_start(run_dir)` runs once the run folder exists, `on_step(step, metrics)`
+    after each step; `callbacks` get every hook.
 
     Examples:
       >>> import shutil, tempfile
