@@ -110,6 +110,8 @@ def plot_runs(
                 for number, part in enumerate(parts, start=1):
                     colour = colours[number % len(colours)]
                     axis.plot(*_series(rows, part, x), "--", color=colour, lw=1, label=part[7:])
+        if key == "step_s":  # the first step compiles: seconds span orders of magnitude
+            axis.set_yscale("log")
         axis.set_title(name, fontsize=10)
         axis.grid(alpha=0.3)
         labelled = any(line.get_label()[:1] not in ("", "_") for line in axis.lines)
