@@ -74,8 +74,11 @@ class RunSummary:
 
     Attributes:
       name: the run folder's name.
-      model, task, objective: what the run trains, and on what.
-      steps_done, steps: the last step recorded, and the steps the run was asked for.
+      model: the model the run trains.
+      task: the task it trains on.
+      objective: the objective it trains with.
+      steps_done: the last step recorded.
+      steps: the steps the run was asked for.
       reward: the last step's mean reward (NaN before the first).
       pass_at_1: the last held-out pass@1 (NaN when never evaluated).
       status: finished, interrupted, failed or running.
