@@ -116,7 +116,10 @@ def test_wandb_offline_files_hold_every_metric_step_and_hyperparameter(tmp_path,
         monkeypatch.setenv(name, value)
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(name, str(tmp_path / "home"))
+    import wandb
+
     report_twice("wandb", tmp_path)
+    wandb.teardown()  # W&B's service may still be writing the last run's file after finish()
     run_id = json.loads((tmp_path / STATE).read_text())["wandb"]["id"]
     series: dict[str, list[tuple[int, float]]] = {}
     config, ids, tables, steps_with_table = {}, set(), [], []
@@ -244,3 +247,18 @@ def test_a_tracker_not_installed_is_a_one_line_error_naming_its_extra(capsys, mo
     )
     with pytest.raises(ValueError, match="unknown tracker 'comet'"):
         tracker_names("tensorboard, comet")
+
+
+def test_only_the_first_process_reports(tmp_path, monkeypatch):
+    from dew.train import trainer as trainer_module
+
+    config = TrainConfig(objective="sft", model="tiny").replace(
+        steps=1, prompts=4, out=str(tmp_path / "run"), report_to="tensorboard"
+    )
+    kinds = {}
+    for primary in (True, False):
+        monkeypatch.setattr(trainer_module, "is_primary", lambda primary=primary: primary)
+        built = trainer_module.Trainer(config.replace(out=str(tmp_path / f"run-{primary}")))
+        built.lock.release()
+        kinds[primary] = any(isinstance(c, Reporting) for c in built.callbacks)
+    assert kinds == {True: True, False: False}
