@@ -73,11 +73,17 @@ def tracker_names(report_to: str | None) -> tuple[str, ...]:
       ((), ())
       >>> tracker_names("tensorboard")
       ('tensorboard',)
+      >>> tracker_names(["wandb"])
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --report-to: expected comma-separated names, got ['wandb']
       >>> tracker_names("tensorbord")  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
       dew.options.ConfigError: --report-to: unknown tracker 'tensorbord'; choose from ...
     """
+    if report_to is not None and not isinstance(report_to, str):
+        raise ConfigError(f"--report-to: expected comma-separated names, got {report_to!r}")
     names = tuple(dict.fromkeys(n.strip() for n in (report_to or "").split(",") if n.strip()))
     for name in names:
         if name not in TRACKERS:
