@@ -211,11 +211,11 @@ def test_the_installed_command_exits_non_zero_without_a_traceback():
 
 def test_starting_a_run_imports_no_plotting_checkpointing_or_templating():
     # matplotlib loads at the first plot, orbax at the first save or restore, jinja2 at the
-    # first chat template: none of them is needed before a run's first step
-    code = (
-        "import sys, dew.cli, dew.train; "
-        "print(sorted(m for m in ('matplotlib', 'orbax', 'jinja2') if m in sys.modules))"
-    )
+    # first chat template, a tracker's library when --report-to names it, datasets and pandas
+    # when --data is one: none of them is needed before a run's first step
+    lazy = "'matplotlib', 'orbax', 'jinja2', 'tensorboardX', 'wandb', 'mlflow', 'trackio', "
+    lazy += "'datasets', 'pandas'"
+    code = f"import sys, dew.cli, dew.train; print(sorted(m for m in ({lazy}) if m in sys.modules))"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )

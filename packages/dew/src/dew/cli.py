@@ -1,7 +1,8 @@
 """The `dew` command: `dew train` teaches a policy a task, `dew sample` shows what it learned.
 
 `dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message;
-`dew launch --processes N -- train ARGS` runs one training run as N local processes.
+`dew launch --processes N -- train ARGS` runs one training run as N local processes; `dew plot`
+draws runs' metrics and `dew runs` lists the runs under a folder.
 
 `dew train --objective NAME --help` lists the objective's own hyperparameters: every field of the
 objective's dataclass becomes a `--field-name` flag. Invalid options stop the command with a
@@ -533,7 +534,11 @@ def _eval_parser() -> argparse.ArgumentParser:
         "built-in model, smollm2, a checkpoint folder or a .gguf file",
     )
     parser.add_argument("--task", help="the task (default: the run's, else reverse)")
-    parser.add_argument("--data", help="a .jsonl or .parquet file of examples, in place of --task")
+    parser.add_argument(
+        "--data",
+        help="examples in place of --task: a .jsonl or .parquet file, a saved dataset's folder "
+        "or NAME:SPLIT of a cached Hugging Face dataset",
+    )
     _add_task_flags(parser)
     parser.add_argument("--k", type=int, default=1, help="completions per prompt (default: 1)")
     parser.add_argument(
@@ -693,6 +698,81 @@ def _command_chat(argv: list[str]) -> int:
     return 0
 
 
+def _command_plot(argv: list[str]) -> int:
+    """Run `dew plot`: draw runs' dashboards on the same panels into one image; the exit status."""
+    parser = _Parser(
+        prog="dew plot",
+        description="Draw the dashboard of one run, or of several on the same panels, each "
+        "labelled by the options in which the runs differ: reward, held-out pass@1, loss, KL, "
+        "entropy, completion length and seconds per step.",
+        exit_on_error=False,
+    )
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run folders")
+    parser.add_argument(
+        "--x", choices=("step", "time"), default="step", help="against step or wall time"
+    )
+    parser.add_argument("--out", default="plot.png", help="the image (default: plot.png)")
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as error:
+        raise _CommandError(str(error)) from error
+    from dew.train.plot import plot_runs, run_labels
+    from dew.train.runlog import read_metrics
+    from dew.train.runs import run_options
+
+    try:
+        options = [run_options(run) for run in args.runs]
+    except FileNotFoundError as error:
+        raise _CommandError(str(error)) from error
+    labels = run_labels(options, [Path(run).name for run in args.runs])
+    runs = [(label, read_metrics(run)) for label, run in zip(labels, args.runs, strict=True)]
+    try:
+        plot_runs(runs, args.out, x=args.x)
+    except OSError as error:
+        raise _CommandError(f"--out {args.out}: {error.strerror or error}") from error
+    print(f"wrote {args.out}: {', '.join(labels)}")
+    return 0
+
+
+def _command_runs(argv: list[str]) -> int:
+    """Run `dew runs`: print a table of the runs under a folder, newest first; the exit status."""
+    parser = _Parser(
+        prog="dew runs",
+        description="List the runs under a folder, newest first: what each trains, how far it "
+        "got, its last reward and held-out pass@1, and how it ended.",
+        exit_on_error=False,
+    )
+    parser.add_argument("folder", nargs="?", default="runs", help="(default: runs)")
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as error:
+        raise _CommandError(str(error)) from error
+    if not Path(args.folder).is_dir():
+        raise _CommandError(f"{args.folder} is not a folder")
+    from rich.console import Console
+    from rich.table import Table
+
+    from dew.train.runs import list_runs
+
+    table = Table(box=None, header_style="bold")
+    columns = ("run", "model", "task", "objective", "steps", "reward", "pass@1", "status")
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("steps", "reward") else "left")
+    for run in list_runs(args.folder):
+        table.add_row(
+            run.name,
+            run.model,
+            run.task,
+            run.objective,
+            f"{run.steps_done}/{run.steps}",
+            f"{run.reward:.3f}",
+            "-" if run.pass_at_1 != run.pass_at_1 else f"{run.pass_at_1:.3f}",
+            run.status,
+        )
+    Console(width=200).print(table)
+    return 0
+
+
 def _launch_parser() -> argparse.ArgumentParser:
     """The parser of `dew launch`."""
     parser = _Parser(
@@ -767,6 +847,8 @@ def _build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "launch", help="run `dew train` as several local processes of one run", add_help=False
     )
+    commands.add_parser("plot", help="draw runs' metrics on the same panels", add_help=False)
+    commands.add_parser("runs", help="list the runs under a folder, newest first", add_help=False)
     return parser
 
 
@@ -777,6 +859,8 @@ _COMMANDS = {
     "chat": _command_chat,
     "export": _command_export,
     "launch": _command_launch,
+    "plot": _command_plot,
+    "runs": _command_runs,
 }
 
 
@@ -819,7 +903,7 @@ def main(argv: list[str] | None = None) -> int:
         if not argv or argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
-        known = "use train, sample, eval, chat, export or launch (see `dew --help`)"
+        known = "use train, sample, eval, chat, export, launch, plot or runs (see `dew --help`)"
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
     command = _COMMANDS[argv[0]]

@@ -33,7 +33,7 @@ import numpy as np
 
 from dew.rewards import Reward
 from dew.tasks.arithmetic import Arithmetic
-from dew.tasks.dataset import Dataset, load_examples
+from dew.tasks.dataset import Dataset, load_examples, to_examples
 from dew.tasks.digits import Add, Copy, DigitTask, Reverse, Sort, position_credit
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "load_examples",
     "position_credit",
     "register_task",
+    "to_examples",
 ]
 
 ENTRY_POINT_GROUP = "dew.tasks"

@@ -38,12 +38,13 @@ MAY_CHANGE_ON_RESUME = (
     "eval_prompts",
     "eval_k",
     "samples_every",
+    "report_to",
 )
 """The options a resumed run may change; every other one defines the run.
 
 `--logit-chunk`, `--remat` and `--pack` change what the update keeps in memory, not what it
 computes (up to float summation order), so a run that ran out of memory can resume with them; the
-evaluation and sample options change what is written beside the run, not the run."""
+evaluation, sample and tracker options change what is written beside the run, not the run."""
 _NOT_OPTIONS = ("out", "resume")
 
 

@@ -141,23 +141,30 @@ class SampleLog(Callback):
         step = row["step"]
         if not self.every or step % self.every:
             return
-        sampled, prompter = trainer.last_rollout, trainer.prompter
-        group = sampled.batch.group
-        lines = []
-        for index in range(0, min(len(sampled.rewards), group * _SAMPLES_PER_STEP), group):
-            ids = sampled.tokens[index][sampled.completion_mask[index]]
-            text, _ = prompter.completion_text(ids.tolist())
-            parts = {
-                name: None if math.isnan(values[index]) else float(values[index])
-                for name, values in sampled.reward_parts.items()
-            }
-            sample = {
+        lines = [json.dumps(s, ensure_ascii=False) + "\n" for s in _step_samples(trainer, step)]
+        with self.path.open("a", encoding="utf-8") as out:
+            out.writelines(lines)
+
+
+def _step_samples(trainer: "Trainer", step: int) -> list[dict[str, Any]]:
+    """A few of the last rollout's samples, as `samples.jsonl` holds them."""
+    sampled, prompter = trainer.last_rollout, trainer.prompter
+    group = sampled.batch.group
+    samples = []
+    for index in range(0, min(len(sampled.rewards), group * _SAMPLES_PER_STEP), group):
+        ids = sampled.tokens[index][sampled.completion_mask[index]]
+        text, _ = prompter.completion_text(ids.tolist())
+        parts = {
+            name: None if math.isnan(values[index]) else float(values[index])
+            for name, values in sampled.reward_parts.items()
+        }
+        samples.append(
+            {
                 "step": step,
                 "prompt": sampled.examples[index]["prompt"],
                 "completion": text,
                 "reward": float(sampled.rewards[index]),
                 "rewards": parts,
             }
-            lines.append(json.dumps(sample, ensure_ascii=False) + "\n")
-        with self.path.open("a", encoding="utf-8") as out:
-            out.writelines(lines)
+        )
+    return samples

@@ -27,7 +27,7 @@ from dew.options import (
 )
 from dew.rewards import _parse_reward
 from dew.rollout.prompter import Prompter
-from dew.tasks import Dataset, Task, get_task, load_examples
+from dew.tasks import Dataset, Task, get_task, load_examples, to_examples
 from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
@@ -58,6 +58,9 @@ class RunOptions:
       out: run folder (default runs/<YYYYmmdd-HHMMSS>).
       resume: continue the run in `--out` (default: the newest in `runs/`) from its last checkpoint.
       checkpoint_every: checkpoint every N steps (and at the end).
+      report_to: experiment trackers that also get the run's metrics, config and samples,
+        comma-separated: any of tensorboard, wandb, mlflow, trackio (each the extra
+        dew[NAME]; default: none).
     """
 
     steps: int = option(250, AT_LEAST_ONE)
@@ -65,6 +68,7 @@ class RunOptions:
     out: str | None = None
     resume: bool = False
     checkpoint_every: int = option(50, AT_LEAST_ONE)
+    report_to: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +251,8 @@ class TrainConfig:
       objective: the objective, by entry-point name.
       task: the task, by name.
       model: a built-in model (tiny, default, small), smollm2, a checkpoint folder or a .gguf file.
-      data: a .jsonl or .parquet file of examples to train on, in place of `--task`.
+      data: examples to train on, in place of `--task`: a .jsonl or .parquet file, a folder
+        datasets' save_to_disk wrote, or NAME:SPLIT of a dataset in the Hugging Face cache.
       rewards: the reward functions (`NAME[=WEIGHT]`), in place of the task's.
       run: steps, seed, run folder, resume, checkpoints.
       prompting: system prompt and token budgets.
@@ -398,6 +403,35 @@ def _resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
         raise ConfigError(str(error)) from error
 
 
+def _with_data(
+    config: TrainConfig, data: Any, task: Task | None
+) -> tuple[TrainConfig, Task | None]:
+    """The config and task of `train(config, data=data, task=task)`.
+
+    A path becomes `--data` (recorded in `config.json`, so a resume finds it again); examples in
+    memory (a list of dicts, a `datasets.Dataset`, a pandas DataFrame) become a `Dataset` task
+    named `data`.
+
+    Examples:
+      >>> config, task = _with_data(TrainConfig(), "questions.jsonl", None)
+      >>> config.data, task
+      ('questions.jsonl', None)
+      >>> rows = [{"prompt": f"{a} + 1 = ?", "answer": a + 1} for a in range(10)]
+      >>> _with_data(TrainConfig(), rows, None)[1].train[0]
+      {'prompt': '0 + 1 = ?', 'answer': 1}
+    """
+    if data is None:
+        return config, task
+    if task is not None:
+        raise ConfigError("train: pass data or task, not both")
+    if isinstance(data, str | Path):
+        return config.replace(data=str(data)), None
+    try:
+        return config, Dataset(to_examples(data), **config.task_options)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error)) from error
+
+
 def _resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, Task]:
     """The objective and task a run uses: the instances given, else loaded by name.
 
@@ -480,9 +514,19 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
       Traceback (most recent call last):
       ...
       dew.options.ConfigError: --lr must be > 0, got inf
+      >>> validate(TrainConfig(objective="sft").replace(report_to="neptune"), SFT())
+      ... # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --report-to: unknown tracker 'neptune'; choose from tensorboard, ...
     """
+    from dew.train.trackers import (
+        tracker_names,  # here: it imports the run folder, which imports this
+    )
+
     for section in _SECTIONS:
         check_options(getattr(config, section))
+    tracker_names(config.run.report_to)
     rollout, update = config.rollout, config.update
     unknown = [name for name in config.lora.modules if name not in LORA_MODULES]
     if unknown or not config.lora.modules:

@@ -1,18 +1,140 @@
-"""The run's picture: mean reward and loss against step, written to `reward.png`."""
+"""The run's pictures: a dashboard of its metrics (`reward.png`), and several runs compared.
 
-from collections.abc import Sequence
+Each panel is one quantity against step (or wall time): the mean reward (with each reward
+function's mean, `reward/<name>`, for a single run), held-out pass@1 when the run evaluated,
+the loss, KL, entropy, completion length and seconds per step; a panel whose metric no row has
+is left out. `dew plot RUN [RUN ...]` draws several runs on the same panels, each labelled by
+the options in which the runs differ. matplotlib is imported only when a picture is drawn, with
+its Agg backend (no display needed).
+"""
+
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "PANELS",
     "plot_run",
+    "plot_runs",
+    "run_labels",
 ]
 
+PANELS: tuple[tuple[str, str], ...] = (
+    ("mean reward", "reward"),
+    ("held-out pass@1", "eval/pass@1"),
+    ("loss", "loss"),
+    ("KL", "kl"),
+    ("entropy", "entropy"),
+    ("completion tokens", "completion_tokens"),
+    ("seconds per step", "step_s"),
+)
+"""Each panel's title and the metric it draws (`step_s` is `1 / steps_per_s`)."""
 
-def plot_run(history: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """The path of a PNG plotting `reward` and `loss` of each metrics row against `step`.
+_X = {"step": "step", "time": "wall time (s)"}
 
-    Rows lacking a key are skipped for that curve; the file is written with the Agg backend, so
-    no display is needed (matplotlib is imported here, not at start-up).
+
+def _value(row: Mapping[str, Any], key: str) -> float | None:
+    """`row[key]` as a number (`step_s` from `steps_per_s`), or None when it has none."""
+    if key == "step_s":
+        rate = row.get("steps_per_s")
+        return 1.0 / rate if isinstance(rate, int | float) and rate > 0 else None
+    value = row.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _series(rows: Sequence[Mapping[str, Any]], key: str, x: str) -> tuple[list, list]:
+    """The (x, value) points of `key` over `rows`, rows without it left out.
+
+    Examples:
+      >>> rows = [{"step": 1, "time": 0.5, "steps_per_s": 2.0}, {"step": 2, "time": 0.9}]
+      >>> _series(rows, "step_s", "step"), _series(rows, "time", "step")
+      (([1], [0.5]), ([1, 2], [0.5, 0.9]))
+    """
+    points = [(row[x], v) for row in rows if (v := _value(row, key)) is not None and x in row]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _shown_panels(runs: Sequence[Sequence[Mapping[str, Any]]], x: str) -> list[tuple[str, str]]:
+    """The `PANELS` some row of some run has a value for.
+
+    Examples:
+      >>> runs = [[{"step": 1, "reward": 0.5, "steps_per_s": 4.0}], [{"step": 1, "kl": 0.1}]]
+      >>> _shown_panels(runs, "step")
+      [('mean reward', 'reward'), ('KL', 'kl'), ('seconds per step', 'step_s')]
+    """
+    return [(name, key) for name, key in PANELS if any(_series(rows, key, x)[0] for rows in runs)]
+
+
+def plot_runs(
+    runs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+    path: str | Path,
+    title: str = "",
+    x: str = "step",
+) -> Path:
+    """The path of a PNG of the dashboard panels with one line per run of `runs` (label, rows).
+
+    `x` is `step` or `time` (the run's wall-clock seconds). A single run's reward panel also
+    draws each reward function's mean (`reward/<name>`), dashed.
+
+    Examples:
+      >>> import tempfile
+      >>> rows = [{"step": 1, "reward": 0.2, "loss": 1.5}, {"step": 2, "reward": 0.6, "loss": 0.9}]
+      >>> faster = [{**row, "reward": row["reward"] + 0.1} for row in rows]
+      >>> path = plot_runs([("lr=0.001", rows), ("lr=0.003", faster)],
+      ...                  Path(tempfile.mkdtemp()) / "runs.png")
+      >>> path.read_bytes()[1:4]
+      b'PNG'
+    """
+    if x not in _X:
+        raise ValueError(f"x must be one of {', '.join(_X)}, got {x!r}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = _shown_panels([rows for _, rows in runs], x)
+    columns = 2 if len(shown) > 1 else 1
+    count = max(len(shown), 1)
+    lines = -(-count // columns)
+    figure, axes = plt.subplots(
+        lines, columns, figsize=(6 * columns, 2.6 * lines + 0.6), sharex=True, squeeze=False
+    )
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    single = len(runs) == 1
+    for axis, (name, key) in zip(axes.flat, shown, strict=False):
+        for index, (label, rows) in enumerate(runs):
+            parts = sorted({k for row in rows for k in row if k.startswith("reward/")})
+            label = label or ("mean" if key == "reward" and single and parts else "")
+            axis.plot(*_series(rows, key, x), color=colours[index % len(colours)], label=label)
+            if key == "reward" and single:
+                for number, part in enumerate(parts, start=1):
+                    colour = colours[number % len(colours)]
+                    axis.plot(*_series(rows, part, x), "--", color=colour, lw=1, label=part[7:])
+        if key == "step_s":  # the first step compiles: seconds span orders of magnitude
+            axis.set_yscale("log")
+        axis.set_title(name, fontsize=10)
+        axis.grid(alpha=0.3)
+        labelled = any(line.get_label()[:1] not in ("", "_") for line in axis.lines)
+        if labelled and (single or axis is axes.flat[0]):  # the runs' labels once, up top
+            axis.legend(fontsize=7)
+    for axis in axes.flat[len(shown) :]:
+        axis.set_visible(False)
+    for column in range(columns):  # the lowest panel of each column shows the x axis
+        visible = [axis for axis in axes[:, column] if axis.get_visible()]
+        for axis in visible[-1:]:
+            axis.xaxis.set_tick_params(labelbottom=True)
+            axis.set_xlabel(_X[x])
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_run(history: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> Path:
+    """The path of a PNG of one run's dashboard: its metrics rows' panels against `step`.
 
     Examples:
       >>> import tempfile
@@ -21,27 +143,23 @@ def plot_run(history: Sequence[dict], path: str | Path, title: str = "") -> Path
       >>> path.name, path.read_bytes()[1:4]  # a PNG file's signature
       ('reward.png', b'PNG')
     """
-    import matplotlib
+    return plot_runs([("", history)], path, title)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    path = Path(path)
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for axis, key, colour in ((top, "reward", "tab:green"), (bottom, "loss", "tab:blue")):
-        points = [
-            (row["step"], row[key]) for row in history if isinstance(row.get(key), int | float)
-        ]
-        if points:
-            steps, values = zip(*points, strict=True)
-            axis.plot(steps, values, color=colour, linewidth=1.5)
-        axis.set_ylabel(f"mean {key}" if key == "reward" else key)
-        axis.grid(alpha=0.3)
-    top.set_ylim(-0.02, 1.02)
-    bottom.set_xlabel("step")
-    if title:
-        top.set_title(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+def run_labels(configs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[str]:
+    """Each run's label: the options (flat, by flag name) whose values differ between `configs`.
+
+    A run whose options are all the others' is labelled by its name in `names`.
+
+    Examples:
+      >>> run_labels([{"lr": 0.001, "group": 8}, {"lr": 0.003, "group": 8}], ["a", "b"])
+      ['lr=0.001', 'lr=0.003']
+      >>> run_labels([{"lr": 0.001}, {"lr": 0.001}], ["a", "b"])
+      ['a', 'b']
+    """
+    keys = sorted({key for config in configs for key in config})
+    differing = [key for key in keys if len({repr(config.get(key)) for config in configs}) > 1]
+    return [
+        " ".join(f"{key}={config.get(key)}" for key in differing) or name
+        for config, name in zip(configs, names, strict=True)
+    ]

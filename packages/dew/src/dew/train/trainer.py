@@ -54,9 +54,12 @@ from dew.train.config import (
     TrainConfig,
     _make_prompter,
     _resolve,
+    _with_data,
     validate,
 )
 from dew.train.runlog import _default_run_dir, _write_config, read_config
+from dew.train.runs import RunEnd
+from dew.train.trackers import _reporting
 from dew.train.update import (
     UpdateSpec,
     _compiled_reference,
@@ -191,6 +194,8 @@ class Trainer:
             Checkpointing(config.run.checkpoint_every),
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
+            *_reporting(config.run.report_to, self.run_dir, config.evaluation.samples_every),
+            RunEnd(self.run_dir),
         ]
         # Every process saves its part of a checkpoint; only the first writes and prints the rest.
         every_process = (MetricsLog, Checkpointing)
@@ -581,6 +586,7 @@ def train(
     *,
     objective: Objective | None = None,
     task: Task | None = None,
+    data: Any = None,
     callbacks: Sequence[Callback] = (),
     console: Console | None = None,
     quiet: bool = False,
@@ -590,8 +596,10 @@ def train(
     """Train a policy on a task with an objective; the `TrainResult`.
 
     `objective` and `task` may be instances (for ones not registered by name); otherwise
-    `config.objective` and `config.task` name them. `on_start(run_dir)` runs once the run folder
-    exists, `on_step(step, metrics)` after each step; `callbacks` get every hook.
+    `config.objective` and `config.task` name them. `data`, in place of a task, is the examples
+    to train on: a path (as `--data` takes), a list of dicts, a `datasets.Dataset` or a pandas
+    DataFrame. `on_start(run_dir)` runs once the run folder exists, `on_step(step, metrics)`
+    after each step; `callbacks` get every hook.
 
     Examples:
       >>> import shutil, tempfile
@@ -599,12 +607,13 @@ def train(
       >>> config = TrainConfig(objective="sft", model="tiny").replace(steps=2, prompts=2, out=out)
       >>> result = train(config, quiet=True)
       >>> [row["step"] for row in result.history], sorted(p.name for p in result.run_dir.iterdir())
-      ([1, 2], ['.lock', 'checkpoints', 'config.json', 'metrics.jsonl', 'reward.png'])
+      ([1, 2], ['.lock', 'checkpoints', 'config.json', 'end.json', 'metrics.jsonl', 'reward.png'])
       >>> 0.0 <= result.greedy_reward <= 1.0
       True
       >>> shutil.rmtree(out)
     """
     hooks = [_Hooks(on_start, on_step)] if on_start or on_step else []
+    config, task = _with_data(config, data, task)
     trainer = Trainer(
         config,
         objective=objective,
