@@ -1,6 +1,6 @@
 """Hugging Face checkpoints and GGUF files in and out: policies and their tokenizers.
 
-- `load_policy(path)`: a `Policy` from a Hugging Face model folder (`config.json` with
+- `load_policy(path)`: a `CausalLM` from a Hugging Face model folder (`config.json` with
   `model.safetensors`, or shards listed by `model.safetensors.index.json`) or a `.gguf` file.
 - `save_policy(policy, path)`: the folder `transformers.AutoModelForCausalLM.from_pretrained`
   reads back to the same logits, LoRA adapters merged.
@@ -31,8 +31,17 @@ from safetensors.flax import save_file
 from safetensors.numpy import save_file as save_numpy
 
 from dew import _gguf
-from dew._hf_format import CheckpointError, checkpoint_key, config_from_hf, config_to_hf
-from dew.models.llama import ModelConfig, Policy, abstract, value_head
+from dew._hf_format import (
+    FAMILIES,
+    CheckpointError,
+    checkpoint_key,
+    checkpoint_pieces,
+    config_from_hf,
+    config_to_hf,
+    family_of,
+)
+from dew.models import CausalLM
+from dew.models.llama import ModelConfig, abstract, value_head
 from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
 from dew.tokenizers import HFTokenizer
 
@@ -78,36 +87,54 @@ def _assemble(
     shapes: dict[str, tuple[int, ...]],
     read: Callable[[str], jax.Array | np.ndarray],
     source: Path,
-) -> Policy:
+) -> CausalLM:
     """A `config` policy whose parameters are `read(key)` for each checkpoint key.
 
     `shapes` gives every available key's shape (in the checkpoint's layout), so a missing tensor
     or a wrong shape is reported before any tensor is read. The policy is built abstractly (no
-    weights allocated) and each parameter filled from one read.
+    weights allocated) and each parameter filled from one read; a fused tensor (Phi-3's
+    `qkv_proj`) is read once and each part sliced from it.
     """
     graphdef, state = nnx.split(abstract(config))
-    flat = dict(nnx.to_flat_state(state))
-    plan = {}
-    for path, variable in flat.items():
-        key, transposed = checkpoint_key(".".join(map(str, path)))
+    by_path = dict(nnx.to_flat_state(state))
+    flat = {".".join(map(str, path)): variable for path, variable in by_path.items()}
+    own = {name: variable.get_value().shape for name, variable in flat.items()}
+    pieces = checkpoint_pieces(own, family_of(config))
+    by_key: dict[str, list[str]] = {}
+    for name, piece in pieces.items():
+        by_key.setdefault(piece.key, []).append(name)
+    for key, names in by_key.items():
         if key not in shapes:
             raise CheckpointError(f"{source}: missing tensor {key!r}")
-        shape = variable.get_value().shape
-        want = shape[::-1] if transposed else shape
-        if tuple(shapes[key]) != tuple(want):
+        want = _stored_shape([own[name] for name in names], pieces[names[0]].transposed)
+        if tuple(shapes[key]) != want:
             raise CheckpointError(
                 f"{source}: tensor {key!r} has shape {list(shapes[key])}, the config implies "
                 f"{list(want)}"
             )
-        plan[path] = key, transposed
-    for path, (key, transposed) in plan.items():
-        value = np.asarray(read(key))
-        value = (value.T if transposed else value).astype(flat[path].get_value().dtype, copy=False)
-        flat[path].set_value(jax.device_put(value))
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+    for key, names in by_key.items():
+        stored = np.asarray(read(key))
+        for name in names:
+            piece, variable = pieces[name], flat[name]
+            value = stored if piece.rows is None else stored[slice(*piece.rows)]
+            value = (value.T if piece.transposed else value).astype(variable.get_value().dtype)
+            variable.set_value(jax.device_put(value))
+    return nnx.merge(graphdef, nnx.from_flat_state(by_path))
 
 
-def _load_folder(folder: Path, dtype) -> Policy:
+def _stored_shape(parts: list[tuple[int, ...]], transposed: bool) -> tuple[int, ...]:
+    """The checkpoint shape of a tensor holding Dew parameters of shapes `parts`, their rows
+    (after transposing) stacked.
+
+    Examples:
+      >>> _stored_shape([(4, 3), (4, 2)], transposed=True)
+      (5, 4)
+    """
+    stored = [part[::-1] if transposed else part for part in parts]
+    return (sum(part[0] for part in stored), *stored[0][1:])
+
+
+def _load_folder(folder: Path, dtype) -> CausalLM:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{folder}: no config.json (not a Hugging Face model folder)")
@@ -141,7 +168,7 @@ def _load_folder(folder: Path, dtype) -> Policy:
     return _assemble(config, shapes, lambda key: handles[key].get_tensor(key), folder)
 
 
-def _load_gguf(path: Path, dtype) -> Policy:
+def _load_gguf(path: Path, dtype) -> CausalLM:
     file = _gguf.read_gguf(path)
     config = _gguf.gguf_config(file)
     config = dataclasses.replace(config, dtype=jnp.dtype(dtype or jnp.float32).name)
@@ -149,8 +176,11 @@ def _load_gguf(path: Path, dtype) -> Policy:
     return _assemble(config, shapes, lambda key: _gguf.gguf_tensor(file, key, config), path)
 
 
-def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> Policy:
-    """The `Policy` stored at `path`: a Hugging Face model folder or a `.gguf` file.
+def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> CausalLM:
+    """The model stored at `path`: a Hugging Face model folder or a `.gguf` file.
+
+    The folder's `model_type` picks the family (`dew._hf_format.FAMILIES`: Llama, Qwen2,
+    Qwen3, Mistral, Phi-3, Gemma, Gemma 2, Gemma 3 text).
 
     Args:
       path: a folder with `config.json` and `model.safetensors` (or shards with
@@ -178,7 +208,7 @@ def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> 
     raise CheckpointError(f"{path}: neither a model folder nor a .gguf file")
 
 
-def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
+def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
     """Write `policy` as a Hugging Face model folder at `path` (created if missing).
 
     LoRA adapters are merged first (`dew.models.lora.merge_lora`): the folder is a plain
@@ -186,7 +216,8 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
 
     `config.json`, `generation_config.json`, and the weights as `model.safetensors`, or, above
     `shard_bytes`, as `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
-    Tied embeddings are written once. A value head is not part of the format and is left out.
+    Tied embeddings are written once; projections the family's checkpoints fuse (Phi-3's
+    `qkv_proj`) are joined. A value head is not part of the format and is left out.
     `config.json` records the dtype the embeddings are stored in (a bfloat16 base with float32
     adapters merges into bfloat16 weights).
 
@@ -205,15 +236,21 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
     params = nnx.state(policy, nnx.Param)
     stored = params["embed_tokens"]["embedding"].get_value().dtype
     config = dataclasses.replace(policy.config, dtype=jnp.dtype(stored).name)
-    raw = config_to_hf(config)
-    tensors = {}
-    for names, variable in nnx.to_flat_state(params):
-        name = ".".join(map(str, names))
-        if name.startswith("value_head."):
-            continue
-        key, transposed = checkpoint_key(name)
-        value = variable.get_value()
-        tensors[key] = value.T if transposed else value
+    raw, family = config_to_hf(config), family_of(config)
+    values = {
+        ".".join(map(str, names)): variable.get_value()
+        for names, variable in nnx.to_flat_state(params)
+        if names[0] != "value_head"
+    }
+    pieces = checkpoint_pieces({name: value.shape for name, value in values.items()}, family)
+    parts: dict[str, list] = {}
+    for name, piece in pieces.items():
+        value = values[name].T if piece.transposed else values[name]
+        parts.setdefault(piece.key, []).append(((piece.rows or (0,))[0], value))
+    tensors = {
+        key: chunks[0][1] if len(chunks) == 1 else jnp.concatenate([v for _, v in sorted(chunks)])
+        for key, chunks in parts.items()
+    }
     shards = [{}]
     sizes = [0]
     for key in sorted(tensors):
@@ -243,7 +280,7 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
     (folder / _INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = None) -> None:
+def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None = None) -> None:
     """Write `policy`'s LoRA adapters alone in PEFT's layout at `path` (created if missing).
 
     `adapter_config.json` (`peft_type` LORA, `r`, `lora_alpha`, `target_modules`) and
@@ -276,6 +313,13 @@ def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = 
     ]
     if not adapters:
         raise ValueError("the policy has no LoRA adapters to save (see dew.models.lora.add_lora)")
+    family = family_of(policy.config)
+    for fused, parts in FAMILIES[family].fused.items():
+        if any(names[-1] in parts for names, _ in adapters):
+            raise ValueError(
+                f"a {family} checkpoint fuses {', '.join(parts)} into {fused}: PEFT adapters on "
+                "them cannot be saved apart; save_policy merges them into the weights instead"
+            )
     settings = {(module.rank, module.scale) for _, module in adapters}
     if len(settings) > 1:
         raise ValueError(f"PEFT's layout takes one rank and alpha; the adapters have {settings}")
@@ -309,7 +353,7 @@ def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = 
     save_numpy(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
-def with_value_head(policy: Policy, seed: int) -> Policy:
+def with_value_head(policy: CausalLM, seed: int) -> CausalLM:
     """`policy` with a zero-initialised value head (PPO's critic) added; the rest shared.
 
     Examples:
