@@ -246,3 +246,18 @@ def test_a_system_prompt_joins_the_first_user_turn_where_the_template_refuses_it
     assert "<start_of_turn>user\nReverse it.\n\n^123><end_of_turn>\n" in merged
     apart = Prompter(get_task("reverse"), chatml, system_prompt="Reverse it.").text(example)
     assert "system\nReverse it." in apart and "Reverse it.\n\n^123>" not in apart
+
+
+def test_reward_model_scores_equal_transformers_at_each_rows_last_token():
+    from dew.hf import CheckpointError, load_reward_model
+
+    want = expected("qwen2-reward")
+    model = load_reward_model(FIXTURES / "qwen2-reward")
+    tokens, lengths = jnp.asarray(want["tokens"]), jnp.asarray(want["lengths"])
+    scores = jax.jit(lambda g, p, t, n: nnx.merge(g, p).score(t, n))(
+        *nnx.split(model), tokens, lengths
+    )
+    np.testing.assert_allclose(scores, want["scores"][:, 0], **TOLERANCE)
+    assert not np.allclose(model.score(tokens, lengths - 1), scores, atol=1e-3)
+    with pytest.raises(CheckpointError, match="not a \\*ForSequenceClassification"):
+        load_reward_model(FIXTURES / "qwen2")

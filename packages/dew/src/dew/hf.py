@@ -5,6 +5,7 @@
 - `save_policy(policy, path)`: the folder `transformers.AutoModelForCausalLM.from_pretrained`
   reads back to the same logits, LoRA adapters merged.
 - `save_adapters(policy, path)`: a LoRA policy's adapters alone, in the layout peft and vLLM read.
+- `load_reward_model(path)`: a `RewardModel` from a `*ForSequenceClassification` folder.
 - `load_tokenizer(path)`: the tokenizer beside the weights (`tokenizer.json` and
   `tokenizer_config.json`) or in the GGUF file's metadata.
 
@@ -43,12 +44,14 @@ from dew._hf_format import (
 from dew.models import CausalLM
 from dew.models.llama import ModelConfig, abstract, value_head
 from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
+from dew.models.reward import RewardModel
 from dew.tokenizers import HFTokenizer
 
 __all__ = [
     "SHARD_BYTES",
     "CheckpointError",
     "load_policy",
+    "load_reward_model",
     "load_tokenizer",
     "save_adapters",
     "save_policy",
@@ -134,11 +137,13 @@ def _stored_shape(parts: list[tuple[int, ...]], transposed: bool) -> tuple[int, 
     return (sum(part[0] for part in stored), *stored[0][1:])
 
 
-def _load_folder(folder: Path, dtype) -> CausalLM:
+def _folder_config(folder: Path) -> tuple[ModelConfig, dict]:
+    """The `ModelConfig` of a model folder's `config.json` and generation ids, and the raw dict."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{folder}: no config.json (not a Hugging Face model folder)")
-    config = config_from_hf(_read_json(config_file), str(config_file))
+    raw = _read_json(config_file)
+    config = config_from_hf(raw, str(config_file))
     generation = folder / "generation_config.json"
     if generation.is_file():
         ids = _read_json(generation)
@@ -148,6 +153,11 @@ def _load_folder(folder: Path, dtype) -> CausalLM:
                 config = dataclasses.replace(
                     config, **{name: value[0] if isinstance(value, list) else value}
                 )
+    return config, raw
+
+
+def _tensor_files(folder: Path) -> tuple[dict, dict, dict]:
+    """Each tensor's open safetensors handle, shape and dtype, by key, over a folder's files."""
     handles, shapes, dtypes = {}, {}, {}
     for file in _safetensors_files(folder):
         try:
@@ -161,6 +171,12 @@ def _load_folder(folder: Path, dtype) -> CausalLM:
                 )
         except (SafetensorError, OSError) as error:
             raise CheckpointError(f"{file}: corrupt or truncated safetensors ({error})") from None
+    return handles, shapes, dtypes
+
+
+def _load_folder(folder: Path, dtype) -> CausalLM:
+    config, _ = _folder_config(folder)
+    handles, shapes, dtypes = _tensor_files(folder)
     if dtype is None:
         stored = dtypes.get("model.embed_tokens.weight", "F32")
         dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(stored, "float32")
@@ -206,6 +222,43 @@ def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> 
     if path.is_dir():
         return _load_folder(path, dtype)
     raise CheckpointError(f"{path}: neither a model folder nor a .gguf file")
+
+
+def load_reward_model(path: str | Path, dtype: jax.typing.DTypeLike = jnp.float32) -> RewardModel:
+    """The `RewardModel` of a `*ForSequenceClassification` folder with one label.
+
+    The decoder loads as `load_policy` loads a causal LM (any family of `FAMILIES`), without an
+    output projection; `score.weight` `[1, hidden]` becomes the head. `.score(tokens, lengths)`
+    gives transformers' score at each row's last token.
+
+    Examples:
+      >>> model = load_reward_model("tests/core/hf/qwen2-reward")
+      >>> model.score(jnp.array([[5, 6, 7, 0]]), jnp.array([3])).shape
+      (1,)
+    """
+    folder = Path(path)
+    config, raw = _folder_config(folder)
+    architectures = raw.get("architectures") or []
+    if not any(name.endswith("ForSequenceClassification") for name in architectures):
+        raise CheckpointError(
+            f"{folder / 'config.json'}: architectures {architectures} is not a "
+            "*ForSequenceClassification reward model"
+        )
+    labels = len(raw.get("id2label") or {0: None})
+    if labels != 1:
+        raise CheckpointError(f"{folder / 'config.json'}: {labels} labels (a reward model has 1)")
+    handles, shapes, _ = _tensor_files(folder)
+    want = (1, config.hidden_size)
+    if tuple(shapes.get("score.weight", ())) != want:
+        found = shapes.get("score.weight")
+        raise CheckpointError(
+            f"{folder}: tensor 'score.weight' is {found and list(found)}, need {list(want)}"
+        )
+    config = dataclasses.replace(config, tie_word_embeddings=True, dtype=jnp.dtype(dtype).name)
+    backbone = _assemble(config, shapes, lambda key: handles[key].get_tensor(key), folder)
+    head = nnx.Linear(config.hidden_size, 1, use_bias=False, param_dtype=dtype, rngs=nnx.Rngs(0))
+    head.kernel.set_value(jnp.asarray(handles["score.weight"].get_tensor("score.weight").T, dtype))
+    return RewardModel(backbone, head)
 
 
 def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:

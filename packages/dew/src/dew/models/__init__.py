@@ -6,6 +6,7 @@
 - `dew.models.registry`: model names (`tiny`, `default`, `small`, `smollm2`) and checkpoint paths.
 - `dew.models.outputs`: the per-token outputs (log-probs, values) objectives train on.
 - `dew.models.lora`: low-rank adapters on the projections, switched off and merged back.
+- `dew.models.reward`: a decoder with a scalar head, scoring token rows (reward models).
 
 The sampler, the per-token outputs, LoRA, packing, `dew.hf` and `dew.inference` are typed against
 `CausalLM`, never against one family's class.

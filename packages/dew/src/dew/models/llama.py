@@ -48,6 +48,7 @@ __all__ = [
     "count_params",
     "rope_frequencies",
     "rotary",
+    "soft_cap",
     "value_head",
 ]
 
@@ -64,7 +65,7 @@ ACTIVATIONS = {
 }
 """The gated MLP's activations by transformers' name (`hidden_act`): SwiGLU's and GeGLU's."""
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +157,10 @@ class ModelConfig:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if self.layer_types is not None and (
             len(self.layer_types) != self.num_hidden_layers
-            or not set(self.layer_types) <= set(LAYER_TYPES)
+            or not set(self.layer_types) <= set(_LAYER_TYPES)
         ):
             raise ValueError(
-                f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the "
+                f"layer_types must name one of {', '.join(_LAYER_TYPES)} for each of the "
                 f"{self.num_hidden_layers} layers, got {list(self.layer_types)}"
             )
         if self.hidden_act not in ACTIVATIONS:
