@@ -459,18 +459,22 @@ def _windowed(
     mask: jax.Array, queries: jax.Array, keys: jax.Array, windows: set[int | None]
 ) -> dict[int | None, jax.Array]:
     """`mask` `[B, S, L]` for each of `windows`: None keeps it, a window `w` also hides keys `w`
-    or more positions behind the query (`queries` `[B, S]` and `keys` `[B or 1, L]` positions).
+    or more positions behind the query (`queries` `[B, S]` and `keys` `[B, L]` or `[L]` positions).
+
+    Only a window's entry computes anything: with no sliding layer the mask is handed on as it is.
 
     transformers' `sliding_window_overlay`: key k is seen from query q when `q - k < w`.
 
     Examples:
       >>> at = jnp.arange(3)[None]
       >>> causal = at[:, :, None] >= at[:, None, :]
-      >>> _windowed(causal, at, at, {2})[2][0].astype(int).tolist()
+      >>> _windowed(causal, at, at[0], {2})[2][0].astype(int).tolist()
       [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
     """
     return {
-        window: mask if window is None else mask & (queries[:, :, None] - keys[:, None, :] < window)
+        window: mask
+        if window is None
+        else mask & (queries[:, :, None] - keys[..., None, :] < window)
         for window in windows
     }
 
@@ -596,8 +600,8 @@ class Policy(nnx.Module):
         head_mask = (position[:shared, None] >= position[None, :shared])[None]
         rest_mask = (position[shared:, None] >= position[None, :])[None]
         windows = self._windows()
-        head_masks = _windowed(head_mask, head_positions[:1], position[None, :shared], windows)
-        rest_masks = _windowed(rest_mask, rest_positions[:1], position[None], windows)
+        head_masks = _windowed(head_mask, head_positions, position[:shared], windows)
+        rest_masks = _windowed(rest_mask, rest_positions, position, windows)
 
         def through(layer, head, tail):
             head, (keys, values) = layer(head, head_positions, head_masks[layer.window])
@@ -699,7 +703,7 @@ class Policy(nnx.Module):
         """Logits of `tokens` at `positions` `[B, S]`, attending to the cache's earlier slots."""
         slots = jnp.arange(cache[0][0].shape[1])
         mask = slots[None, None, :] <= positions[:, :, None]
-        masks = _windowed(mask, positions, slots[None], self._windows())
+        masks = _windowed(mask, positions, slots, self._windows())
         x = self.embed(tokens)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
