@@ -3,6 +3,7 @@ numbers, sliding windows in every pass, soft-caps under chunking, save, LoRA and
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -203,8 +204,9 @@ def test_adapters_on_fused_projections_are_refused_in_peft_layout(tmp_path):
     save_adapters(add_lora(load_policy(FIXTURES / "phi3"), 2, 4.0, ("o_proj",)), tmp_path)
 
 
-def test_grpo_trains_a_gemma2_chat_model(tmp_path):
-    """A random Gemma 2 (windows, soft-cap, sandwich norms) on the chat fixture's tokenizer."""
+def test_grpo_trains_a_gemma2_chat_model_and_samples_from_the_run(capsys, tmp_path):
+    """A random Gemma 2 (windows, soft-cap, sandwich norms) on the chat fixture's tokenizer; the
+    run's recorded config builds the same family back (`dew.inference`)."""
     chat = FIXTURES / "qwen2-chat"
     raw = json.loads((FIXTURES / "gemma2" / "config.json").read_text()) | {"vocab_size": 400}
     model = tmp_path / "gemma2-chat"
@@ -218,6 +220,9 @@ def test_grpo_trains_a_gemma2_chat_model(tmp_path):
     assert record["model_config"]["model_type"] == "gemma2"
     assert record["model_config"]["layer_types"][1] == "full_attention"
     assert (out / "metrics.jsonl").is_file()
+    capsys.readouterr()
+    assert cli.main(["sample", "--run", str(out), "--n", "1"]) == 0
+    assert capsys.readouterr().out.startswith(f"run {out}, step 2, task reverse")
 
 
 GEMMA_TEMPLATE = (
@@ -260,3 +265,13 @@ def test_reward_model_scores_equal_transformers_at_each_rows_last_token():
     assert not np.allclose(score(*nnx.split(model), lengths - 1), scores, atol=1e-3)
     with pytest.raises(CheckpointError, match="not a \\*ForSequenceClassification"):
         load_reward_model(FIXTURES / "qwen2")
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["sampling", "inference", "hf", "models/outputs", "models/lora", "models/registry",
+     "models/reward", "train/_packing", "train/update"],
+)  # fmt: skip
+def test_consumers_are_typed_against_the_protocol_not_one_family(module):
+    source = (Path(__file__).parents[2] / "packages/dew/src/dew" / f"{module}.py").read_text()
+    assert not re.findall(r"\bPolicy\b", source), f"dew/{module}.py names llama.Policy"
