@@ -197,11 +197,28 @@ def test_lora_on_each_family_merges_and_saves_to_its_logits(family, tmp_path):
     np.testing.assert_allclose(logits_of(load_policy(tmp_path), tokens), adapted, atol=1e-4)
 
 
-def test_adapters_on_fused_projections_are_refused_in_peft_layout(tmp_path):
-    policy = add_lora(load_policy(FIXTURES / "phi3"), rank=2, alpha=4.0, modules=("q_proj",))
-    with pytest.raises(ValueError, match="fuses q_proj, k_proj, v_proj into qkv_proj"):
-        save_adapters(policy, tmp_path)
-    save_adapters(add_lora(load_policy(FIXTURES / "phi3"), 2, 4.0, ("o_proj",)), tmp_path)
+def test_adapters_on_fused_projections_save_as_one_peft_adapter_of_the_fused_weight(tmp_path):
+    policy = add_lora(load_policy(FIXTURES / "phi3"), 2, 4.0, ("q_proj", "v_proj", "up_proj"))
+    adapters = nnx.state(policy, nnx.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(2), len(jax.tree.leaves(adapters))))
+    nnx.update(policy, jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), adapters))
+    save_adapters(policy, tmp_path / "adapters")
+    save_policy(policy, tmp_path / "merged")
+    config = json.loads((tmp_path / "adapters" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (4, 8.0)  # q and v share qkv_proj: rank 2 + 2
+    assert config["target_modules"] == ["qkv_proj", "gate_up_proj"]
+    lora = load_file(tmp_path / "adapters" / "adapter_model.safetensors")
+    base = load_file(FIXTURES / "phi3" / "model.safetensors")
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    for module in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+        name = f"model.layers.1.{module}"
+        a = lora[f"base_model.model.{name}.lora_A.weight"]  # [r, in]
+        b = lora[f"base_model.model.{name}.lora_B.weight"]  # [out, r]
+        peft_merged = base[f"{name}.weight"] + config["lora_alpha"] / config["r"] * (b @ a)
+        np.testing.assert_allclose(peft_merged, merged[f"{name}.weight"], atol=1e-5)
+    unadapted = slice(64, 96)  # k_proj's rows of qkv_proj (after q's 64): no update
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    np.testing.assert_array_equal(merged[qkv][unadapted], base[qkv][unadapted])
 
 
 def test_grpo_trains_a_gemma2_chat_model_and_samples_from_the_run(capsys, tmp_path):

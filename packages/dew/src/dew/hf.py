@@ -35,7 +35,6 @@ from dew import _gguf
 from dew._hf_format import (
     FAMILIES,
     CheckpointError,
-    checkpoint_key,
     checkpoint_pieces,
     config_from_hf,
     config_to_hf,
@@ -343,6 +342,12 @@ def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None 
     as `W + (lora_alpha / r) B A`. `base_model` is recorded as `base_model_name_or_path`. A value
     head is not part of the format and is left out.
 
+    Where the family's checkpoint fuses projections (Phi-3's `qkv_proj`, `gate_up_proj`), their
+    adapters are saved as one adapter of the fused tensor: `A` the parts' `A`s stacked, `B` each
+    part's `B` in its rows and its own columns (zero elsewhere), so `B A` is the parts' updates,
+    exactly. PEFT takes one `r` for every module, so each adapter is zero-padded to the largest
+    (`r` times the most parts fused), with `lora_alpha` scaled to keep `lora_alpha / r`.
+
     Reference: peft 0.17 `tuners/lora/config.py` (`LoraConfig` fields) and
     `utils/save_and_load.py` (`get_peft_model_state_dict` key names).
 
@@ -366,30 +371,31 @@ def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None 
     ]
     if not adapters:
         raise ValueError("the policy has no LoRA adapters to save (see dew.models.lora.add_lora)")
-    family = family_of(policy.config)
-    for fused, parts in FAMILIES[family].fused.items():
-        if any(names[-1] in parts for names, _ in adapters):
-            raise ValueError(
-                f"a {family} checkpoint fuses {', '.join(parts)} into {fused}: PEFT adapters on "
-                "them cannot be saved apart; save_policy merges them into the weights instead"
-            )
     settings = {(module.rank, module.scale) for _, module in adapters}
     if len(settings) > 1:
         raise ValueError(f"PEFT's layout takes one rank and alpha; the adapters have {settings}")
     rank, scale = settings.pop()
+    groups = _adapter_groups(policy, adapters)
+    padded = max(len(parts) for _, parts in groups.values()) * rank
     tensors = {}
-    for names, module in adapters:
-        key, _ = checkpoint_key(".".join(map(str, (*names, "kernel"))))
+    for key, (rows, parts) in groups.items():
+        lora_a = np.zeros((padded, parts[0][1].shape[0]), parts[0][1].dtype)
+        lora_b = np.zeros((rows, padded), parts[0][2].dtype)
+        for number, ((start, stop), a, b) in enumerate(parts):
+            lora_a[number * rank : (number + 1) * rank] = a.T
+            lora_b[start:stop, number * rank : (number + 1) * rank] = b.T
         prefix = "base_model.model." + key.removesuffix(".weight")
-        tensors[f"{prefix}.lora_A.weight"] = np.asarray(module.lora.lora_a[...]).T
-        tensors[f"{prefix}.lora_B.weight"] = np.asarray(module.lora.lora_b[...]).T
-    targets = [name for name in LORA_MODULES if any(names[-1] == name for names, _ in adapters)]
+        tensors[f"{prefix}.lora_A.weight"] = lora_a
+        tensors[f"{prefix}.lora_B.weight"] = lora_b
+    modules = {key.removesuffix(".weight").rsplit(".", 1)[1] for key in groups}
+    fused = FAMILIES[family_of(policy.config)].fused
+    targets = [name for name in (*LORA_MODULES, *fused) if name in modules]
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
-        "r": rank,
-        "lora_alpha": rank * scale,
+        "r": padded,
+        "lora_alpha": padded * scale,
         "lora_dropout": 0.0,
         "target_modules": targets,
         "bias": "none",
@@ -404,6 +410,34 @@ def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None 
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = {key: np.ascontiguousarray(value) for key, value in tensors.items()}
     save_numpy(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+
+
+def _adapter_groups(policy: CausalLM, adapters: list) -> dict[str, tuple[int, list]]:
+    """Per checkpoint weight an adapter touches: its row count and the adapted parts'
+    `((start, stop), A [in, r], B [r, out])`, in the order of the weight's rows.
+
+    A weight is one projection's, or a fused one's (`checkpoint_pieces`) holding several."""
+    params = nnx.state(policy, nnx.Not(nnx.LoRAParam))
+    shapes = {
+        ".".join(map(str, names)): variable.get_value().shape
+        for names, variable in nnx.to_flat_state(params)
+        if names[0] != "value_head"
+    }
+    pieces = checkpoint_pieces(shapes, family_of(policy.config))
+    rows: dict[str, int] = {}
+    for name, piece in pieces.items():
+        stop = piece.rows[1] if piece.rows else shapes[name][-1 if piece.transposed else 0]
+        rows[piece.key] = max(rows.get(piece.key, 0), stop)
+    groups: dict[str, tuple[int, list]] = {}
+    for names, module in adapters:
+        name = ".".join(map(str, (*names, "kernel")))
+        piece = pieces[name]
+        span = piece.rows or (0, shapes[name][1])
+        a, b = np.asarray(module.lora.lora_a[...]), np.asarray(module.lora.lora_b[...])
+        groups.setdefault(piece.key, (rows[piece.key], []))[1].append((span, a, b))
+    for _, parts in groups.values():
+        parts.sort(key=lambda part: part[0])
+    return groups
 
 
 def with_value_head(policy: CausalLM, seed: int) -> CausalLM:
