@@ -185,11 +185,10 @@ def rope_frequencies(config: ModelConfig, local: bool = False) -> jax.Array:
 
     `d` is the rotated part of a head, `head_dim * partial_rotary_factor`. `default`:
     theta^(-2i/d); a `local` (sliding) layer with `rope_local_theta` set uses that base and the
-    default schedule (Gemma 3). `linear`: the default's divided by `rope_factor`. `llama3` (Llama
-    3.1): wavelengths 2 pi / f longer than
-    `original / low_freq_factor` are divided by `factor`, shorter than `original /
-    high_freq_factor` kept, and those between interpolated with `s = (original / wavelength -
-    low) / (high - low)`: `(1 - s) f / factor + s f`.
+    default schedule (Gemma 3). `linear`: the default's divided by `rope_factor`. `llama3`
+    (Llama 3.1): wavelengths 2 pi / f longer than `original / low_freq_factor` are divided by
+    `factor`, shorter than `original / high_freq_factor` kept, and those between interpolated
+    with `s = (original / wavelength - low) / (high - low)`: `(1 - s) f / factor + s f`.
 
     Reference: transformers `modeling_rope_utils.py` (`_compute_default_rope_parameters`,
     `_compute_llama3_parameters`), 5.10.
@@ -197,6 +196,10 @@ def rope_frequencies(config: ModelConfig, local: bool = False) -> jax.Array:
     Examples:
       >>> rope_frequencies(ModelConfig(head_dim=4))
       Array([1.  , 0.01], dtype=float32)
+      >>> rope_frequencies(ModelConfig(head_dim=8, partial_rotary_factor=0.5))  # Phi-3's half
+      Array([1.  , 0.01], dtype=float32)
+      >>> rope_frequencies(ModelConfig(head_dim=4, rope_type="linear", rope_factor=2.0))
+      Array([0.5  , 0.005], dtype=float32)
     """
     dim = int(config.dim_per_head * config.partial_rotary_factor)
     local = local and config.rope_local_theta is not None
@@ -260,7 +263,7 @@ class RMSNorm(nnx.Module):
         return (normed * weight).astype(x.dtype)
 
 
-def _norm(config: "ModelConfig", size: int) -> RMSNorm:
+def _norm(config: ModelConfig, size: int) -> RMSNorm:
     """The family's RMSNorm of `size` features."""
     return RMSNorm(size, config.rms_norm_eps, config.param_dtype, config.norm_offset)
 
