@@ -230,6 +230,8 @@ def load_reward_model(path: str | Path, dtype: jax.typing.DTypeLike = jnp.float3
     output projection; `score.weight` `[1, hidden]` becomes the head. `.score(tokens, lengths)`
     gives transformers' score at each row's last token.
 
+    Reference: transformers 5.10 `modeling_layers.py` (`GenericForSequenceClassification`).
+
     Examples:
       >>> model = load_reward_model("tests/core/hf/qwen2-reward")
       >>> model.score(jnp.array([[5, 6, 7, 0]]), jnp.array([3])).shape

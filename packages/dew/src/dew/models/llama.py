@@ -271,6 +271,9 @@ def _norm(config: ModelConfig, size: int) -> RMSNorm:
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
     """`cap * tanh(x / cap)`, or `x` itself when `cap` is None (Gemma 2's soft-capping).
 
+    Reference: Gemma 2 report, arXiv:2408.00118 (logit soft-capping); `Gemma2ForCausalLM` in
+    transformers `models/gemma2/modeling_gemma2.py`.
+
     Examples:
       >>> soft_cap(jnp.array([0.0, 100.0]), 3.0), soft_cap(jnp.array([100.0]), None)
       (Array([0., 3.], dtype=float32), Array([100.], dtype=float32))
