@@ -48,8 +48,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     },
     "dew.evaluation": set(),
     "dew.hf": {
-        "SHARD_BYTES", "CheckpointError", "load_policy", "load_tokenizer", "save_adapters",
-        "save_policy", "with_value_head",
+        "SHARD_BYTES", "CheckpointError", "load_policy", "load_reward_model", "load_tokenizer",
+        "save_adapters", "save_policy", "with_value_head",
     },
     "dew.inference": {"Run"},
     "dew.mesh": {
@@ -57,9 +57,14 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "process_rows", "replicated", "to_host",
     },
     "dew.models": set(),
+    "dew.models.gemma": {
+        "gemma_config", "gemma_to_hf", "gemma2_config", "gemma2_to_hf", "gemma3_config",
+        "gemma3_to_hf",
+    },
     "dew.models.llama": {
-        "ROPE_TYPES", "Attention", "Cache", "DecoderLayer", "MLP", "ModelConfig", "Policy",
-        "RMSNorm", "abstract", "build", "count_params", "rope_frequencies", "rotary", "value_head",
+        "ACTIVATIONS", "ROPE_TYPES", "Attention", "Cache", "DecoderLayer", "MLP", "ModelConfig",
+        "Policy", "RMSNorm", "abstract", "build", "count_params", "rope_frequencies", "rotary",
+        "soft_cap", "value_head",
     },
     "dew.models.lora": {
         "ATTENTION_MODULES", "LORA_MODULES", "MLP_MODULES", "LoRALinear", "add_lora", "has_lora",
@@ -69,7 +74,10 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "chunked_token_log_probs", "log_probs", "log_probs_and_values", "policy_outputs",
         "token_log_probs",
     },
+    "dew.models.mistral": {"mistral_config", "mistral_to_hf"},
+    "dew.models.phi3": {"FUSED", "phi3_config", "phi3_to_hf"},
     "dew.models.registry": {"SIZES", "ModelSource"},
+    "dew.models.reward": {"RewardModel"},
     "dew.objective": {"ENTRY_POINT_GROUP"},
     "dew.objectives.sft": {"SFT"},
     "dew.options": {
@@ -90,7 +98,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.tasks.arithmetic": {"LEVELS", "Arithmetic"},
     "dew.tasks.dataset": {"to_examples"},
     "dew.tasks.digits": {"Add", "Copy", "Reverse", "Sort", "answer_credit", "position_credit"},
-    "dew.tokenizers": {"DIGITS", "DigitTokenizer", "HFTokenizer"},
+    "dew.tokenizers": {"DIGITS", "DigitTokenizer", "HFTokenizer", "with_system_prompt"},
     "dew.tools": {
         "ENTRY_POINT_GROUP", "ERROR_KINDS", "HermesParser", "ParsedTurn", "ToolCall",
         "ToolCallParser", "ToolError", "ToolResult", "ToolRunner", "appended_tokens",

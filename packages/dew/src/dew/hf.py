@@ -1,10 +1,11 @@
 """Hugging Face checkpoints and GGUF files in and out: policies and their tokenizers.
 
-- `load_policy(path)`: a `Policy` from a Hugging Face model folder (`config.json` with
+- `load_policy(path)`: a `CausalLM` from a Hugging Face model folder (`config.json` with
   `model.safetensors`, or shards listed by `model.safetensors.index.json`) or a `.gguf` file.
 - `save_policy(policy, path)`: the folder `transformers.AutoModelForCausalLM.from_pretrained`
   reads back to the same logits, LoRA adapters merged.
 - `save_adapters(policy, path)`: a LoRA policy's adapters alone, in the layout peft and vLLM read.
+- `load_reward_model(path)`: a `RewardModel` from a `*ForSequenceClassification` folder.
 - `load_tokenizer(path)`: the tokenizer beside the weights (`tokenizer.json` and
   `tokenizer_config.json`) or in the GGUF file's metadata.
 
@@ -31,15 +32,25 @@ from safetensors.flax import save_file
 from safetensors.numpy import save_file as save_numpy
 
 from dew import _gguf
-from dew._hf_format import CheckpointError, checkpoint_key, config_from_hf, config_to_hf
-from dew.models.llama import ModelConfig, Policy, abstract, value_head
+from dew._hf_format import (
+    FAMILIES,
+    CheckpointError,
+    checkpoint_pieces,
+    config_from_hf,
+    config_to_hf,
+    family_of,
+)
+from dew.models import CausalLM
+from dew.models.llama import ModelConfig, abstract, value_head
 from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
+from dew.models.reward import RewardModel
 from dew.tokenizers import HFTokenizer
 
 __all__ = [
     "SHARD_BYTES",
     "CheckpointError",
     "load_policy",
+    "load_reward_model",
     "load_tokenizer",
     "save_adapters",
     "save_policy",
@@ -78,40 +89,60 @@ def _assemble(
     shapes: dict[str, tuple[int, ...]],
     read: Callable[[str], jax.Array | np.ndarray],
     source: Path,
-) -> Policy:
+) -> CausalLM:
     """A `config` policy whose parameters are `read(key)` for each checkpoint key.
 
     `shapes` gives every available key's shape (in the checkpoint's layout), so a missing tensor
     or a wrong shape is reported before any tensor is read. The policy is built abstractly (no
-    weights allocated) and each parameter filled from one read.
+    weights allocated) and each parameter filled from one read; a fused tensor (Phi-3's
+    `qkv_proj`) is read once and each part sliced from it.
     """
     graphdef, state = nnx.split(abstract(config))
-    flat = dict(nnx.to_flat_state(state))
-    plan = {}
-    for path, variable in flat.items():
-        key, transposed = checkpoint_key(".".join(map(str, path)))
+    by_path = dict(nnx.to_flat_state(state))
+    flat = {".".join(map(str, path)): variable for path, variable in by_path.items()}
+    own = {name: variable.get_value().shape for name, variable in flat.items()}
+    pieces = checkpoint_pieces(own, family_of(config))
+    by_key: dict[str, list[str]] = {}
+    for name, piece in pieces.items():
+        by_key.setdefault(piece.key, []).append(name)
+    for key, names in by_key.items():
         if key not in shapes:
             raise CheckpointError(f"{source}: missing tensor {key!r}")
-        shape = variable.get_value().shape
-        want = shape[::-1] if transposed else shape
-        if tuple(shapes[key]) != tuple(want):
+        want = _stored_shape([own[name] for name in names], pieces[names[0]].transposed)
+        if tuple(shapes[key]) != want:
             raise CheckpointError(
                 f"{source}: tensor {key!r} has shape {list(shapes[key])}, the config implies "
                 f"{list(want)}"
             )
-        plan[path] = key, transposed
-    for path, (key, transposed) in plan.items():
-        value = np.asarray(read(key))
-        value = (value.T if transposed else value).astype(flat[path].get_value().dtype, copy=False)
-        flat[path].set_value(jax.device_put(value))
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+    for key, names in by_key.items():
+        stored = np.asarray(read(key))
+        for name in names:
+            piece, variable = pieces[name], flat[name]
+            value = stored if piece.rows is None else stored[slice(*piece.rows)]
+            value = (value.T if piece.transposed else value).astype(variable.get_value().dtype)
+            variable.set_value(jax.device_put(value))
+    return nnx.merge(graphdef, nnx.from_flat_state(by_path))
 
 
-def _load_folder(folder: Path, dtype) -> Policy:
+def _stored_shape(parts: list[tuple[int, ...]], transposed: bool) -> tuple[int, ...]:
+    """The checkpoint shape of a tensor holding Dew parameters of shapes `parts`, their rows
+    (after transposing) stacked.
+
+    Examples:
+      >>> _stored_shape([(4, 3), (4, 2)], transposed=True)
+      (5, 4)
+    """
+    stored = [part[::-1] if transposed else part for part in parts]
+    return (sum(part[0] for part in stored), *stored[0][1:])
+
+
+def _folder_config(folder: Path) -> tuple[ModelConfig, dict]:
+    """The `ModelConfig` of a model folder's `config.json` and generation ids, and the raw dict."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{folder}: no config.json (not a Hugging Face model folder)")
-    config = config_from_hf(_read_json(config_file), str(config_file))
+    raw = _read_json(config_file)
+    config = config_from_hf(raw, str(config_file))
     generation = folder / "generation_config.json"
     if generation.is_file():
         ids = _read_json(generation)
@@ -121,6 +152,11 @@ def _load_folder(folder: Path, dtype) -> Policy:
                 config = dataclasses.replace(
                     config, **{name: value[0] if isinstance(value, list) else value}
                 )
+    return config, raw
+
+
+def _tensor_files(folder: Path) -> tuple[dict, dict, dict]:
+    """Each tensor's open safetensors handle, shape and dtype, by key, over a folder's files."""
     handles, shapes, dtypes = {}, {}, {}
     for file in _safetensors_files(folder):
         try:
@@ -134,6 +170,12 @@ def _load_folder(folder: Path, dtype) -> Policy:
                 )
         except (SafetensorError, OSError) as error:
             raise CheckpointError(f"{file}: corrupt or truncated safetensors ({error})") from None
+    return handles, shapes, dtypes
+
+
+def _load_folder(folder: Path, dtype) -> CausalLM:
+    config, _ = _folder_config(folder)
+    handles, shapes, dtypes = _tensor_files(folder)
     if dtype is None:
         stored = dtypes.get("model.embed_tokens.weight", "F32")
         dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(stored, "float32")
@@ -141,7 +183,7 @@ def _load_folder(folder: Path, dtype) -> Policy:
     return _assemble(config, shapes, lambda key: handles[key].get_tensor(key), folder)
 
 
-def _load_gguf(path: Path, dtype) -> Policy:
+def _load_gguf(path: Path, dtype) -> CausalLM:
     file = _gguf.read_gguf(path)
     config = _gguf.gguf_config(file)
     config = dataclasses.replace(config, dtype=jnp.dtype(dtype or jnp.float32).name)
@@ -149,8 +191,11 @@ def _load_gguf(path: Path, dtype) -> Policy:
     return _assemble(config, shapes, lambda key: _gguf.gguf_tensor(file, key, config), path)
 
 
-def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> Policy:
-    """The `Policy` stored at `path`: a Hugging Face model folder or a `.gguf` file.
+def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> CausalLM:
+    """The model stored at `path`: a Hugging Face model folder or a `.gguf` file.
+
+    The folder's `model_type` picks the family (`dew._hf_format.FAMILIES`: Llama, Qwen2,
+    Qwen3, Mistral, Phi-3, Gemma, Gemma 2, Gemma 3 text).
 
     Args:
       path: a folder with `config.json` and `model.safetensors` (or shards with
@@ -178,7 +223,46 @@ def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> 
     raise CheckpointError(f"{path}: neither a model folder nor a .gguf file")
 
 
-def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
+def load_reward_model(path: str | Path, dtype: jax.typing.DTypeLike = jnp.float32) -> RewardModel:
+    """The `RewardModel` of a `*ForSequenceClassification` folder with one label.
+
+    The decoder loads as `load_policy` loads a causal LM (any family of `FAMILIES`), without an
+    output projection; `score.weight` `[1, hidden]` becomes the head. `.score(tokens, lengths)`
+    gives transformers' score at each row's last token.
+
+    Reference: transformers 5.10 `modeling_layers.py` (`GenericForSequenceClassification`).
+
+    Examples:
+      >>> model = load_reward_model("tests/core/hf/qwen2-reward")
+      >>> model.score(jnp.array([[5, 6, 7, 0]]), jnp.array([3])).shape
+      (1,)
+    """
+    folder = Path(path)
+    config, raw = _folder_config(folder)
+    architectures = raw.get("architectures") or []
+    if not any(name.endswith("ForSequenceClassification") for name in architectures):
+        raise CheckpointError(
+            f"{folder / 'config.json'}: architectures {architectures} is not a "
+            "*ForSequenceClassification reward model"
+        )
+    labels = len(raw.get("id2label") or {0: None})
+    if labels != 1:
+        raise CheckpointError(f"{folder / 'config.json'}: {labels} labels (a reward model has 1)")
+    handles, shapes, _ = _tensor_files(folder)
+    want = (1, config.hidden_size)
+    if tuple(shapes.get("score.weight", ())) != want:
+        found = shapes.get("score.weight")
+        raise CheckpointError(
+            f"{folder}: tensor 'score.weight' is {found and list(found)}, need {list(want)}"
+        )
+    config = dataclasses.replace(config, tie_word_embeddings=True, dtype=jnp.dtype(dtype).name)
+    backbone = _assemble(config, shapes, lambda key: handles[key].get_tensor(key), folder)
+    head = nnx.Linear(config.hidden_size, 1, use_bias=False, param_dtype=dtype, rngs=nnx.Rngs(0))
+    head.kernel.set_value(jnp.asarray(handles["score.weight"].get_tensor("score.weight").T, dtype))
+    return RewardModel(backbone, head)
+
+
+def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
     """Write `policy` as a Hugging Face model folder at `path` (created if missing).
 
     LoRA adapters are merged first (`dew.models.lora.merge_lora`): the folder is a plain
@@ -186,7 +270,8 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
 
     `config.json`, `generation_config.json`, and the weights as `model.safetensors`, or, above
     `shard_bytes`, as `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
-    Tied embeddings are written once. A value head is not part of the format and is left out.
+    Tied embeddings are written once; projections the family's checkpoints fuse (Phi-3's
+    `qkv_proj`) are joined. A value head is not part of the format and is left out.
     `config.json` records the dtype the embeddings are stored in (a bfloat16 base with float32
     adapters merges into bfloat16 weights).
 
@@ -205,15 +290,21 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
     params = nnx.state(policy, nnx.Param)
     stored = params["embed_tokens"]["embedding"].get_value().dtype
     config = dataclasses.replace(policy.config, dtype=jnp.dtype(stored).name)
-    raw = config_to_hf(config)
-    tensors = {}
-    for names, variable in nnx.to_flat_state(params):
-        name = ".".join(map(str, names))
-        if name.startswith("value_head."):
-            continue
-        key, transposed = checkpoint_key(name)
-        value = variable.get_value()
-        tensors[key] = value.T if transposed else value
+    raw, family = config_to_hf(config), family_of(config)
+    values = {
+        ".".join(map(str, names)): variable.get_value()
+        for names, variable in nnx.to_flat_state(params)
+        if names[0] != "value_head"
+    }
+    pieces = checkpoint_pieces({name: value.shape for name, value in values.items()}, family)
+    parts: dict[str, list] = {}
+    for name, piece in pieces.items():
+        value = values[name].T if piece.transposed else values[name]
+        parts.setdefault(piece.key, []).append(((piece.rows or (0,))[0], value))
+    tensors = {
+        key: chunks[0][1] if len(chunks) == 1 else jnp.concatenate([v for _, v in sorted(chunks)])
+        for key, chunks in parts.items()
+    }
     shards = [{}]
     sizes = [0]
     for key in sorted(tensors):
@@ -243,7 +334,7 @@ def save_policy(policy: Policy, path: str | Path, *, shard_bytes: int = SHARD_BY
     (folder / _INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = None) -> None:
+def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None = None) -> None:
     """Write `policy`'s LoRA adapters alone in PEFT's layout at `path` (created if missing).
 
     `adapter_config.json` (`peft_type` LORA, `r`, `lora_alpha`, `target_modules`) and
@@ -252,6 +343,12 @@ def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = 
     `[out, r]` (Dew's `A` and `B` transposed), so peft and vLLM apply them to the base checkpoint
     as `W + (lora_alpha / r) B A`. `base_model` is recorded as `base_model_name_or_path`. A value
     head is not part of the format and is left out.
+
+    Where the family's checkpoint fuses projections (Phi-3's `qkv_proj`, `gate_up_proj`), their
+    adapters are saved as one adapter of the fused tensor: `A` the parts' `A`s stacked, `B` each
+    part's `B` in its rows and its own columns (zero elsewhere), so `B A` is the parts' updates,
+    exactly. PEFT takes one `r` for every module, so each adapter is zero-padded to the largest
+    (`r` times the most parts fused), with `lora_alpha` scaled to keep `lora_alpha / r`.
 
     Reference: peft 0.17 `tuners/lora/config.py` (`LoraConfig` fields) and
     `utils/save_and_load.py` (`get_peft_model_state_dict` key names).
@@ -280,19 +377,27 @@ def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = 
     if len(settings) > 1:
         raise ValueError(f"PEFT's layout takes one rank and alpha; the adapters have {settings}")
     rank, scale = settings.pop()
+    groups = _adapter_groups(policy, adapters)
+    padded = max(len(parts) for _, parts in groups.values()) * rank
     tensors = {}
-    for names, module in adapters:
-        key, _ = checkpoint_key(".".join(map(str, (*names, "kernel"))))
+    for key, (rows, parts) in groups.items():
+        lora_a = np.zeros((padded, parts[0][1].shape[0]), parts[0][1].dtype)
+        lora_b = np.zeros((rows, padded), parts[0][2].dtype)
+        for number, ((start, stop), a, b) in enumerate(parts):
+            lora_a[number * rank : (number + 1) * rank] = a.T
+            lora_b[start:stop, number * rank : (number + 1) * rank] = b.T
         prefix = "base_model.model." + key.removesuffix(".weight")
-        tensors[f"{prefix}.lora_A.weight"] = np.asarray(module.lora.lora_a[...]).T
-        tensors[f"{prefix}.lora_B.weight"] = np.asarray(module.lora.lora_b[...]).T
-    targets = [name for name in LORA_MODULES if any(names[-1] == name for names, _ in adapters)]
+        tensors[f"{prefix}.lora_A.weight"] = lora_a
+        tensors[f"{prefix}.lora_B.weight"] = lora_b
+    modules = {key.removesuffix(".weight").rsplit(".", 1)[1] for key in groups}
+    fused = FAMILIES[family_of(policy.config)].fused
+    targets = [name for name in (*LORA_MODULES, *fused) if name in modules]
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
-        "r": rank,
-        "lora_alpha": rank * scale,
+        "r": padded,
+        "lora_alpha": padded * scale,
         "lora_dropout": 0.0,
         "target_modules": targets,
         "bias": "none",
@@ -309,7 +414,35 @@ def save_adapters(policy: Policy, path: str | Path, *, base_model: str | None = 
     save_numpy(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
-def with_value_head(policy: Policy, seed: int) -> Policy:
+def _adapter_groups(policy: CausalLM, adapters: list) -> dict[str, tuple[int, list]]:
+    """Per checkpoint weight an adapter touches: its row count and the adapted parts'
+    `((start, stop), A [in, r], B [r, out])`, in the order of the weight's rows.
+
+    A weight is one projection's, or a fused one's (`checkpoint_pieces`) holding several."""
+    params = nnx.state(policy, nnx.Not(nnx.LoRAParam))
+    shapes = {
+        ".".join(map(str, names)): variable.get_value().shape
+        for names, variable in nnx.to_flat_state(params)
+        if names[0] != "value_head"
+    }
+    pieces = checkpoint_pieces(shapes, family_of(policy.config))
+    rows: dict[str, int] = {}
+    for name, piece in pieces.items():
+        stop = piece.rows[1] if piece.rows else shapes[name][-1 if piece.transposed else 0]
+        rows[piece.key] = max(rows.get(piece.key, 0), stop)
+    groups: dict[str, tuple[int, list]] = {}
+    for names, module in adapters:
+        name = ".".join(map(str, (*names, "kernel")))
+        piece = pieces[name]
+        span = piece.rows or (0, shapes[name][1])
+        a, b = np.asarray(module.lora.lora_a[...]), np.asarray(module.lora.lora_b[...])
+        groups.setdefault(piece.key, (rows[piece.key], []))[1].append((span, a, b))
+    for _, parts in groups.values():
+        parts.sort(key=lambda part: part[0])
+    return groups
+
+
+def with_value_head(policy: CausalLM, seed: int) -> CausalLM:
     """`policy` with a zero-initialised value head (PPO's critic) added; the rest shared.
 
     Examples:

@@ -19,7 +19,8 @@ from flax import nnx
 
 from dew._traces import count_trace
 from dew.compile_cache import KeptProgram, program_identity
-from dew.models.llama import Policy, _spread
+from dew.models import CausalLM
+from dew.models.llama import _spread
 
 __all__ = [
     "Samples",
@@ -143,7 +144,7 @@ def _sample_state(
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
     length = width + max_new_tokens
-    context = model.config.max_position_embeddings
+    context = model.context_length
     if length > context:
         raise ValueError(
             f"a prompt width of {width} plus max_new_tokens {max_new_tokens} exceeds the model's "
@@ -200,7 +201,7 @@ def _sample_state(
 
 
 def sample(
-    model: Policy,
+    model: CausalLM,
     prompts: jax.Array,
     prompt_lengths: jax.Array,
     key: jax.Array,

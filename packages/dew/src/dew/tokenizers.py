@@ -24,6 +24,7 @@ __all__ = [
     "DigitTokenizer",
     "HFTokenizer",
     "Tokenizer",
+    "with_system_prompt",
 ]
 
 
@@ -362,6 +363,49 @@ def _schema_of(tool) -> dict:
     from dew.tools.schema import json_schema
 
     return json_schema(tool)
+
+
+@functools.lru_cache(maxsize=16)
+def _refuses_system_role(tokenizer: Tokenizer) -> bool:
+    """True when `tokenizer`'s chat template raises on a system message (Gemma 1 and 2's do).
+
+    Asked once per tokenizer: every prompt of a run renders with the same template.
+    """
+    import jinja2
+
+    probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    try:
+        tokenizer.apply_chat_template(probe, add_generation_prompt=True)
+    except jinja2.exceptions.TemplateError:
+        return True
+    return False
+
+
+def with_system_prompt(tokenizer: Tokenizer, messages: list[dict], system: str) -> list[dict]:
+    """`messages` led by the system prompt `system`, in the form the chat template takes.
+
+    A system message first; where the template refuses a system role (Gemma's calls
+    `raise_exception`), `system` is merged into the first user turn ahead of its text, a blank
+    line between, as Gemma 3's own template merges a system message. Messages that already
+    start with a system message are returned as they are.
+
+    Reference: Gemma's chat templates (`tokenizer_config.json` of google/gemma-2-2b-it,
+    google/gemma-3-1b-it).
+
+    Examples:
+      >>> refusing = "{% if messages[0].role == 'system' %}{{ raise_exception('no') }}{% endif %}"
+      >>> tokenizer = HFTokenizer(tokenizers.Tokenizer(tokenizers.models.WordLevel({"e": 0}, "e")),
+      ...     special={"eos_token": "e"}, chat_template=refusing, source="t")
+      >>> with_system_prompt(tokenizer, [{"role": "user", "content": "Hi."}], "Be brief.")
+      [{'role': 'user', 'content': 'Be brief.\\n\\nHi.'}]
+    """
+    if messages and messages[0]["role"] == "system":
+        return messages
+    if not _refuses_system_role(tokenizer):
+        return [{"role": "system", "content": system}, *messages]
+    first = next(i for i, message in enumerate(messages) if message["role"] == "user")
+    merged = {**messages[first], "content": f"{system}\n\n{messages[first]['content']}"}
+    return [*messages[:first], merged, *messages[first + 1 :]]
 
 
 def _end_of_turn_id(tokenizer: Tokenizer) -> int:

@@ -1,19 +1,25 @@
-"""The Llama family (Llama, Qwen2, Qwen3): a decoder-only transformer in Flax NNX.
+"""The decoder every family shares (Llama, Qwen2/3, Mistral, Phi-3, Gemma 1/2/3), in Flax NNX.
 
-RMSNorm before attention and MLP, rotary positions, a SwiGLU MLP and grouped-query attention when
-`num_key_value_heads < num_attention_heads`. Attribute names follow Hugging Face's `LlamaModel` and
-`Qwen2Model` (`embed_tokens`, `layers[i].self_attn.q_proj`, `mlp.gate_proj`, `input_layernorm`,
-`post_attention_layernorm`, `norm`, `lm_head`), and `ModelConfig` uses their config keys, so a
-checkpoint loader maps a real model by name: a Linear `kernel` is the transpose of the torch
-`weight`, `embed_tokens.embedding` is `embed_tokens.weight`. Qwen3's per-head query and key norms
-are `self_attn.q_norm` and `self_attn.k_norm`.
+RMSNorm before attention and MLP, rotary positions, a gated MLP and grouped-query attention when
+`num_key_value_heads < num_attention_heads`. What sets a family apart is a `ModelConfig` field
+read at trace time (sliding windows, soft-capping, Gemma's norms and embedding scale, partial
+rotary), so a field left at its default adds nothing to the compiled program.
+
+Attribute names follow Hugging Face's `LlamaModel` and `Qwen2Model` (`embed_tokens`,
+`layers[i].self_attn.q_proj`, `mlp.gate_proj`, `input_layernorm`, `post_attention_layernorm`,
+`norm`, `lm_head`), and `ModelConfig` uses their config keys, so a checkpoint loader maps a real
+model by name: a Linear `kernel` is the transpose of the torch `weight`, `embed_tokens.embedding`
+is `embed_tokens.weight`. Qwen3's per-head query and key norms are `self_attn.q_norm` and
+`self_attn.k_norm`.
 
 Parameters are stored in `ModelConfig.dtype`; norms, rotary angles, attention scores and softmax,
 and the logits are computed in float32 whatever that dtype is.
 
 Reference: transformers `models/llama/modeling_llama.py` (rotate-half RoPE, `head_dim` split,
-`repeat_kv` GQA). Dew keeps the KV cache as an explicit pytree passed in and out of `decode`, so
-the sampler's loop stays a pure function under `jit`.
+`repeat_kv` GQA); `modeling_gemma.py`, `modeling_gemma2.py`, `modeling_gemma3.py`,
+`modeling_mistral.py`, `modeling_phi3.py` for the fields after `pad_token_id`. Dew keeps the KV
+cache as an explicit pytree passed in and out of `decode`, so the sampler's loop stays a pure
+function under `jit`.
 """
 
 import dataclasses
@@ -28,6 +34,7 @@ from flax import nnx
 from dew.models._checks import check_tokens
 
 __all__ = [
+    "ACTIVATIONS",
     "MLP",
     "ROPE_TYPES",
     "Attention",
@@ -41,14 +48,24 @@ __all__ = [
     "count_params",
     "rope_frequencies",
     "rotary",
+    "soft_cap",
     "value_head",
 ]
 
 Cache = tuple[tuple[jax.Array, jax.Array], ...]
 """A KV cache: per layer, keys and values `[batch, length, kv_heads, head_dim]`."""
 
-ROPE_TYPES = ("default", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3")
 """The rotary frequency schedules Dew implements (transformers' `rope_type`)."""
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+"""The gated MLP's activations by transformers' name (`hidden_act`): SwiGLU's and GeGLU's."""
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +76,21 @@ class ModelConfig:
     rotary schedule reads the `rope_*` fields after `rope_type` (transformers' `rope_parameters`
     keys, prefixed); `qk_norm` is Qwen3's per-head RMSNorm of queries and keys; `dtype` is the
     parameters' dtype; the token ids are what `generation_config.json` records.
+
+    The fields after them set the other families apart, each a no-op at its default: `model_type`
+    is the Hugging Face family the config came from (None: Llama, Qwen2 or Qwen3 as the flags say);
+    `hidden_act` the MLP's gate activation; `norm_offset` 1 scales RMSNorm by `1 + w` (Gemma);
+    `scale_embeddings` multiplies embeddings by sqrt(hidden_size) in the compute dtype (Gemma);
+    `query_pre_attn_scalar` sets the attention scale to its -1/2 power (Gemma 2/3);
+    `final_logit_softcapping` maps logits `x` to `c tanh(x / c)` (Gemma 2);
+    `attn_logit_softcapping` is Gemma 2's cap on attention scores, applied only with
+    `softcap_attention`: transformers' default attention (SDPA) leaves it out, and Dew's default
+    computes what that path computes (its eager path and Google's reference apply it);
+    `sandwich_norms` adds norms after attention and around the MLP (Gemma 2/3); `sliding_window`
+    lets a sliding layer see only its last `sliding_window` positions, and `layer_types` says which
+    layers slide (None: all of them when a window is set: Mistral); `rope_local_theta` is the
+    sliding layers' own rotary base (Gemma 3); `partial_rotary_factor` is the share of each head
+    that rotates (Phi-3).
     """
 
     vocab_size: int = 16
@@ -84,6 +116,19 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    model_type: str | None = None
+    hidden_act: str = "silu"
+    norm_offset: float = 0.0
+    scale_embeddings: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    softcap_attention: bool = False
+    final_logit_softcapping: float | None = None
+    sandwich_norms: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None
+    partial_rotary_factor: float = 1.0
 
     @property
     def dim_per_head(self) -> int:
@@ -95,7 +140,34 @@ class ModelConfig:
         """The parameters' dtype as a numpy dtype."""
         return jnp.dtype(self.dtype)
 
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer`, or None where it attends to every position.
+
+        Examples:
+          >>> config = ModelConfig(sliding_window=4, layer_types=("sliding_attention",
+          ...                      "full_attention"))
+          >>> config.window(0), config.window(1), ModelConfig().window(0)
+          (4, None, None)
+        """
+        sliding = self.layer_types is None or self.layer_types[layer] == "sliding_attention"
+        return self.sliding_window if sliding else None
+
     def __post_init__(self):
+        if isinstance(self.layer_types, list):  # as a run's config.json records it
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types is not None and (
+            len(self.layer_types) != self.num_hidden_layers
+            or not set(self.layer_types) <= set(_LAYER_TYPES)
+        ):
+            raise ValueError(
+                f"layer_types must name one of {', '.join(_LAYER_TYPES)} for each of the "
+                f"{self.num_hidden_layers} layers, got {list(self.layer_types)}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act {self.hidden_act!r} is not supported "
+                f"(supported: {', '.join(ACTIVATIONS)})"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -108,13 +180,15 @@ class ModelConfig:
             )
 
 
-def rope_frequencies(config: ModelConfig) -> jax.Array:
-    """The rotary inverse frequencies `[head_dim / 2]` of `config`'s schedule, in float32.
+def rope_frequencies(config: ModelConfig, local: bool = False) -> jax.Array:
+    """The rotary inverse frequencies `[d / 2]` of `config`'s schedule, in float32.
 
-    `default`: theta^(-2i/d). `llama3` (Llama 3.1): wavelengths 2 pi / f longer than
-    `original / low_freq_factor` are divided by `factor`, shorter than `original /
-    high_freq_factor` kept, and those between interpolated with `s = (original / wavelength -
-    low) / (high - low)`: `(1 - s) f / factor + s f`.
+    `d` is the rotated part of a head, `head_dim * partial_rotary_factor`. `default`:
+    theta^(-2i/d); a `local` (sliding) layer with `rope_local_theta` set uses that base and the
+    default schedule (Gemma 3). `linear`: the default's divided by `rope_factor`. `llama3`
+    (Llama 3.1): wavelengths 2 pi / f longer than `original / low_freq_factor` are divided by
+    `factor`, shorter than `original / high_freq_factor` kept, and those between interpolated
+    with `s = (original / wavelength - low) / (high - low)`: `(1 - s) f / factor + s f`.
 
     Reference: transformers `modeling_rope_utils.py` (`_compute_default_rope_parameters`,
     `_compute_llama3_parameters`), 5.10.
@@ -122,11 +196,19 @@ def rope_frequencies(config: ModelConfig) -> jax.Array:
     Examples:
       >>> rope_frequencies(ModelConfig(head_dim=4))
       Array([1.  , 0.01], dtype=float32)
+      >>> rope_frequencies(ModelConfig(head_dim=8, partial_rotary_factor=0.5))  # Phi-3's half
+      Array([1.  , 0.01], dtype=float32)
+      >>> rope_frequencies(ModelConfig(head_dim=4, rope_type="linear", rope_factor=2.0))
+      Array([0.5  , 0.005], dtype=float32)
     """
-    dim = config.dim_per_head
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    if config.rope_type == "default":
+    dim = int(config.dim_per_head * config.partial_rotary_factor)
+    local = local and config.rope_local_theta is not None
+    theta = config.rope_local_theta if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    if config.rope_type == "default" or local:
         return inv_freq
+    if config.rope_type == "linear":
+        return inv_freq / config.rope_factor
     original = config.rope_original_max_position_embeddings
     low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
     wavelength = 2 * math.pi / inv_freq
@@ -140,14 +222,19 @@ def rope_frequencies(config: ModelConfig) -> jax.Array:
 def rotary(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """`x` `[B, S, H, D]` rotated by its `[B, S]` positions, rotate-half RoPE (arXiv:2104.09864).
 
-    `inv_freq` `[D / 2]` are the frequencies (`rope_frequencies`); angles and the rotation are
-    computed in float32.
+    `inv_freq` `[R / 2]` are the frequencies (`rope_frequencies`); the first `R` of each head's
+    `D` entries rotate and the rest pass through (partial rotary, Phi-3). Angles and the rotation
+    are computed in float32.
 
     Examples:
       >>> x = jnp.ones((1, 3, 1, 4))
       >>> bool(jnp.allclose(rotary(x, jnp.zeros((1, 3), jnp.int32), jnp.ones(2)), x))
       True
     """
+    rotated_dims = 2 * inv_freq.shape[0]
+    if rotated_dims < x.shape[-1]:
+        turned = rotary(x[..., :rotated_dims], positions, inv_freq)
+        return jnp.concatenate([turned, x[..., rotated_dims:]], axis=-1)
     angles = positions[..., None].astype(jnp.float32) * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
     half = x.shape[-1] // 2
@@ -157,16 +244,41 @@ def rotary(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array
 
 
 class RMSNorm(nnx.Module):
-    """x / rms(x) * weight, computed in float32 (arXiv:1910.07467)."""
+    """x / rms(x) * (offset + weight), computed in float32 (arXiv:1910.07467).
 
-    def __init__(self, size: int, eps: float, dtype: jnp.dtype = jnp.float32):
-        self.weight = nnx.Param(jnp.ones((size,), dtype))
-        self.eps = eps
+    `offset` is 0 for Llama and 1 for Gemma (`GemmaRMSNorm`, whose weights start at 0); a fresh
+    norm scales by 1 either way.
+    """
+
+    def __init__(self, size: int, eps: float, dtype: jnp.dtype = jnp.float32, offset: float = 0.0):
+        self.weight = nnx.Param(jnp.full((size,), 1.0 - offset, dtype))
+        self.eps, self.offset = eps, offset
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+        weight = self.weight[...].astype(jnp.float32)
+        if self.offset:
+            weight = weight + self.offset
+        return (normed * weight).astype(x.dtype)
+
+
+def _norm(config: ModelConfig, size: int) -> RMSNorm:
+    """The family's RMSNorm of `size` features."""
+    return RMSNorm(size, config.rms_norm_eps, config.param_dtype, config.norm_offset)
+
+
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+    """`cap * tanh(x / cap)`, or `x` itself when `cap` is None (Gemma 2's soft-capping).
+
+    Reference: Gemma 2 report, arXiv:2408.00118 (logit soft-capping); `Gemma2ForCausalLM` in
+    transformers `models/gemma2/modeling_gemma2.py`.
+
+    Examples:
+      >>> soft_cap(jnp.array([0.0, 100.0]), 3.0), soft_cap(jnp.array([100.0]), None)
+      (Array([0., 3.], dtype=float32), Array([100.], dtype=float32))
+    """
+    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def _projections(x: jax.Array, layers: tuple[nnx.Module, ...]) -> list[jax.Array]:
@@ -231,13 +343,17 @@ def _projections(x: jax.Array, layers: tuple[nnx.Module, ...]) -> list[jax.Array
 class Attention(nnx.Module):
     """Causal multi-head attention with rotary positions and grouped key/value heads.
 
-    With `config.qk_norm` (Qwen3) each head's query and key are RMS-normalised before rotation.
+    With `config.qk_norm` (Qwen3, Gemma 3) each head's query and key are RMS-normalised before
+    rotation. A `local` layer (a sliding one) takes the local rotary base where the config has one.
+    Scores are scaled by `query_pre_attn_scalar ** -0.5` when set (else `head_dim ** -0.5`) and,
+    with `softcap_attention`, soft-capped by `attn_logit_softcapping` before the mask.
 
     Reference: GQA arXiv:2305.13245; `LlamaAttention` and `repeat_kv` in transformers
-    `models/llama/modeling_llama.py`, `Qwen3Attention` in `models/qwen3/modeling_qwen3.py`.
+    `models/llama/modeling_llama.py`, `Qwen3Attention` in `models/qwen3/modeling_qwen3.py`,
+    `Gemma2Attention` in `models/gemma2/modeling_gemma2.py`.
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, local: bool = False):
         d, h, kv = config.dim_per_head, config.num_attention_heads, config.num_key_value_heads
         hidden, bias, dtype = config.hidden_size, config.attention_bias, config.param_dtype
         self.q_proj = nnx.Linear(hidden, h * d, use_bias=bias, param_dtype=dtype, rngs=rngs)
@@ -245,12 +361,11 @@ class Attention(nnx.Module):
         self.v_proj = nnx.Linear(hidden, kv * d, use_bias=bias, param_dtype=dtype, rngs=rngs)
         self.o_proj = nnx.Linear(h * d, hidden, use_bias=False, param_dtype=dtype, rngs=rngs)
         if config.qk_norm:
-            self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype)
+            self.q_norm, self.k_norm = _norm(config, d), _norm(config, d)
         else:
             self.q_norm = self.k_norm = None
         self.heads, self.kv_heads, self.head_dim = h, kv, d
-        self.config = config
+        self.config, self.local = config, local
 
     def __call__(self, x, positions, mask, cache=None, prefix=None):
         """Output `[B, S, hidden]`, and the cache with this call's keys and values at `positions`.
@@ -267,7 +382,7 @@ class Attention(nnx.Module):
         v = v.reshape(batch, length, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        inv_freq = rope_frequencies(self.config)
+        inv_freq = rope_frequencies(self.config, self.local)
         q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
         if cache is not None:
             rows = jnp.arange(batch)[:, None]
@@ -282,7 +397,12 @@ class Attention(nnx.Module):
         groups = self.heads // self.kv_heads
         q = q.reshape(batch, length, self.kv_heads, groups, self.head_dim)
         scores = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
+        if self.config.query_pre_attn_scalar is None:
+            scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
+        else:
+            scores = scores * jnp.float32(self.config.query_pre_attn_scalar) ** -0.5
+        if self.config.softcap_attention:
+            scores = soft_cap(scores, self.config.attn_logit_softcapping)
         scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("bkgsl,blkd->bskgd", weights, v)
@@ -290,37 +410,79 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)) (arXiv:2002.05202)."""
+    """A gated MLP: down(act(gate(x)) * up(x)), SwiGLU or GeGLU by `hidden_act`.
+
+    Reference: GLU variants, arXiv:2002.05202.
+    """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         hidden, inner, dtype = config.hidden_size, config.intermediate_size, config.param_dtype
         self.gate_proj = nnx.Linear(hidden, inner, use_bias=False, param_dtype=dtype, rngs=rngs)
         self.up_proj = nnx.Linear(hidden, inner, use_bias=False, param_dtype=dtype, rngs=rngs)
         self.down_proj = nnx.Linear(inner, hidden, use_bias=False, param_dtype=dtype, rngs=rngs)
+        self.activation = config.hidden_act
 
     def __call__(self, x):
         """`[..., hidden]` out, the gate and up projections joined (`_projections`)."""
         gate, up = _projections(x, (self.gate_proj, self.up_proj))
-        return self.down_proj(jax.nn.silu(gate) * up)
+        return self.down_proj(ACTIVATIONS[self.activation](gate) * up)
 
 
 class DecoderLayer(nnx.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)).
 
-    Reference: `LlamaDecoderLayer` in transformers `models/llama/modeling_llama.py`.
+    With `config.sandwich_norms` (Gemma 2/3) the attention's output is normed
+    (`post_attention_layernorm`) before it is added, and the MLP is `post_feedforward_layernorm(
+    mlp(pre_feedforward_layernorm(x)))`. `window` is the layer's sliding window (None: full
+    attention); the caller hands it the mask of that window.
+
+    Reference: `LlamaDecoderLayer` in transformers `models/llama/modeling_llama.py`,
+    `Gemma2DecoderLayer` in `models/gemma2/modeling_gemma2.py`.
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        size, eps, dtype = config.hidden_size, config.rms_norm_eps, config.param_dtype
-        self.input_layernorm = RMSNorm(size, eps, dtype)
-        self.self_attn = Attention(config, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(size, eps, dtype)
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, window: int | None = None):
+        size = config.hidden_size
+        self.input_layernorm = _norm(config, size)
+        self.self_attn = Attention(config, rngs=rngs, local=window is not None)
+        self.post_attention_layernorm = _norm(config, size)
+        if config.sandwich_norms:
+            self.pre_feedforward_layernorm = _norm(config, size)
+            self.post_feedforward_layernorm = _norm(config, size)
         self.mlp = MLP(config, rngs=rngs)
+        self.window, self.sandwich = window, config.sandwich_norms
 
     def __call__(self, x, positions, mask, cache=None, prefix=None):
         attended, cache = self.self_attn(self.input_layernorm(x), positions, mask, cache, prefix)
-        x = x + attended
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+        if not self.sandwich:
+            x = x + attended
+            return x + self.mlp(self.post_attention_layernorm(x)), cache
+        x = x + self.post_attention_layernorm(attended)
+        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(mlp), cache
+
+
+def _windowed(
+    mask: jax.Array, queries: jax.Array, keys: jax.Array, windows: set[int | None]
+) -> dict[int | None, jax.Array]:
+    """`mask` `[B, S, L]` for each of `windows`: None keeps it, a window `w` also hides keys `w`
+    or more positions behind the query (`queries` `[B, S]` and `keys` `[B, L]` or `[L]` positions).
+
+    Only a window's entry computes anything: with no sliding layer the mask is handed on as it is.
+
+    transformers' `sliding_window_overlay`: key k is seen from query q when `q - k < w`.
+
+    Examples:
+      >>> at = jnp.arange(3)[None]
+      >>> causal = at[:, :, None] >= at[:, None, :]
+      >>> _windowed(causal, at, at[0], {2})[2][0].astype(int).tolist()
+      [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    """
+    return {
+        window: mask
+        if window is None
+        else mask & (queries[:, :, None] - keys[..., None, :] < window)
+        for window in windows
+    }
 
 
 class Policy(nnx.Module):
@@ -344,9 +506,12 @@ class Policy(nnx.Module):
         size, vocab, dtype = config.hidden_size, config.vocab_size, config.param_dtype
         self.embed_tokens = nnx.Embed(vocab, size, param_dtype=dtype, rngs=rngs)
         self.layers = nnx.List(
-            [DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)]
+            [
+                DecoderLayer(config, rngs=rngs, window=config.window(i))
+                for i in range(config.num_hidden_layers)
+            ]
         )
-        self.norm = RMSNorm(size, config.rms_norm_eps, dtype)
+        self.norm = _norm(config, size)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -389,16 +554,32 @@ class Policy(nnx.Module):
             starts = jnp.where(segments != jnp.roll(segments, 1, axis=1), position, 0)
             starts = starts.at[:, 0].set(0)
             positions = position - jax.lax.cummax(starts, axis=1)
+        masks = _windowed(mask, positions, positions, self._windows())
 
         def through(layer, x):
-            return layer(x, positions, mask)[0]
+            return layer(x, positions, masks[layer.window])[0]
 
         if remat:
             through = nnx.remat(through)
-        x = self.embed_tokens(tokens)
+        x = self.embed(tokens)
         for layer in self.layers:
             x = through(layer, x)
         return self.norm(x)
+
+    def _windows(self) -> set[int | None]:
+        """The distinct sliding windows of the layers (None for full attention)."""
+        return {layer.window for layer in self.layers}
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """The input embeddings `[B, T, hidden_size]` of `tokens`, scaled where the family does.
+
+        Gemma multiplies by sqrt(hidden_size) rounded to the embeddings' dtype, as its
+        `normalizer` is.
+        """
+        x = self.embed_tokens(tokens)
+        if self.config.scale_embeddings:
+            x = x * jnp.asarray(self.config.hidden_size**0.5, x.dtype)
+        return x
 
     def _shared_hidden(self, tokens: jax.Array, group: int, shared: int, remat: bool):
         """`hidden` of rows whose groups of `group` share their first `shared` tokens.
@@ -424,15 +605,19 @@ class Policy(nnx.Module):
         rest_positions = jnp.broadcast_to(position[shared:], rest.shape)
         head_mask = (position[:shared, None] >= position[None, :shared])[None]
         rest_mask = (position[shared:, None] >= position[None, :])[None]
+        windows = self._windows()
+        head_masks = _windowed(head_mask, head_positions, position[:shared], windows)
+        rest_masks = _windowed(rest_mask, rest_positions, position, windows)
 
         def through(layer, head, tail):
-            head, (keys, values) = layer(head, head_positions, head_mask)
-            tail, _ = layer(tail, rest_positions, rest_mask, prefix=(spread(keys), spread(values)))
+            head, (keys, values) = layer(head, head_positions, head_masks[layer.window])
+            prefix = (spread(keys), spread(values))
+            tail, _ = layer(tail, rest_positions, rest_masks[layer.window], prefix=prefix)
             return head, tail
 
         if remat:
             through = nnx.remat(through)
-        head, tail = self.embed_tokens(heads), self.embed_tokens(rest)
+        head, tail = self.embed(heads), self.embed(rest)
         for layer in self.layers:
             head, tail = through(layer, head, tail)
         return self.norm(jnp.concatenate([spread(head), tail], axis=1))
@@ -448,9 +633,18 @@ class Policy(nnx.Module):
         return self.lm_head.kernel[...], "...h,hv->...v"
 
     def unembed(self, hidden: jax.Array) -> jax.Array:
-        """Float32 logits `[..., V]` of hidden states `[..., hidden_size]`."""
+        """Float32 logits `[..., V]` of hidden states `[..., hidden_size]`.
+
+        Soft-capped by `final_logit_softcapping` where the family does (Gemma 2).
+        """
         weights, pattern = self.unembedding()
-        return _unembed_with(weights, pattern, hidden)
+        logits = _unembed_with(weights, pattern, hidden)
+        return soft_cap(logits, self.config.final_logit_softcapping)
+
+    @property
+    def context_length(self) -> int:
+        """The most positions a row may hold (`max_position_embeddings`)."""
+        return self.config.max_position_embeddings
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """The value head's scalar prediction `[...]` of hidden states `[..., hidden_size]`."""
@@ -495,14 +689,31 @@ class Policy(nnx.Module):
             )
         return self._cached(tokens, positions[:, None], cache)
 
+    def extend(
+        self, tokens: jax.Array, positions: jax.Array, cache: Cache
+    ) -> tuple[jax.Array, Cache]:
+        """Logits `[B, S, V]` of tokens `[B, S]` written into the cache at `positions` `[B, S]`.
+
+        Each token attends to the cache's slots up to its own position, those this call writes
+        included; `decode` is the case S = 1, `prefill` positions `0 .. P - 1`.
+        """
+        check_tokens(tokens, "tokens")
+        if positions.shape != tokens.shape:
+            raise ValueError(
+                f"extend takes tokens and positions of one shape [B, S], got {tokens.shape} and "
+                f"{positions.shape}"
+            )
+        return self._cached(tokens, positions, cache)
+
     def _cached(self, tokens, positions, cache):
         """Logits of `tokens` at `positions` `[B, S]`, attending to the cache's earlier slots."""
         slots = jnp.arange(cache[0][0].shape[1])
         mask = slots[None, None, :] <= positions[:, :, None]
-        x = self.embed_tokens(tokens)
+        masks = _windowed(mask, positions, slots, self._windows())
+        x = self.embed(tokens)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer(x, positions, mask, layer_cache)
+            x, layer_cache = layer(x, positions, masks[layer.window], layer_cache)
             new_cache.append(layer_cache)
         return self.unembed(self.norm(x)), tuple(new_cache)
 
@@ -549,10 +760,14 @@ def abstract(config: ModelConfig) -> Policy:
       >>> abstract(ModelConfig(dtype="bfloat16")).embed_tokens.embedding.get_value()
       ShapeDtypeStruct(shape=(16, 64), dtype=bfloat16)
     """
-    shell = dataclasses.replace(config, num_hidden_layers=0)
+    shell = dataclasses.replace(config, num_hidden_layers=0, layer_types=None)
     policy = nnx.eval_shape(lambda: Policy(shell, rngs=nnx.Rngs(0)))
-    layer = nnx.eval_shape(lambda: DecoderLayer(config, rngs=nnx.Rngs(0)))
-    policy.layers = nnx.List([nnx.clone(layer) for _ in range(config.num_hidden_layers)])
+    windows = [config.window(i) for i in range(config.num_hidden_layers)]
+    kinds = {
+        window: nnx.eval_shape(lambda w=window: DecoderLayer(config, rngs=nnx.Rngs(0), window=w))
+        for window in set(windows)
+    }
+    policy.layers = nnx.List([nnx.clone(kinds[window]) for window in windows])
     policy.config = config
     return policy
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dew.models.llama import Policy, abstract
+from dew.models import CausalLM
 
 __all__ = [
     "ATTENTION_MODULES",
@@ -113,20 +113,38 @@ def trainable(path: tuple, variable) -> bool:
     return isinstance(variable, nnx.LoRAParam) or "value_head" in path
 
 
-def _owner(layer, name: str):
-    return layer.self_attn if name in ATTENTION_MODULES else layer.mlp
+def _projections(policy: CausalLM, modules: tuple[str, ...], kind: type) -> list[tuple]:
+    """`(owner, name)` of each `kind` projection of `policy` named one of `modules`.
+
+    In the model's order of blocks (its layers), and within a block in the order of `modules`.
+    """
+    blocks: dict[tuple, list] = {}
+    for path, module in nnx.iter_modules(policy):
+        if path and path[-1] in modules and type(module) is kind:
+            blocks.setdefault(path[:-2], []).append(path)
+    found = []
+    for paths in blocks.values():
+        for path in sorted(paths, key=lambda path: modules.index(path[-1])):
+            owner = policy
+            for step in path[:-1]:
+                owner = owner[step] if isinstance(step, int) else getattr(owner, step)
+            found.append((owner, path[-1]))
+    return found
 
 
 def add_lora(
-    policy: Policy,
+    policy: CausalLM,
     rank: int,
     alpha: float,
     modules: tuple[str, ...] = LORA_MODULES,
     seed: int = 0,
-) -> Policy:
+) -> CausalLM:
     """`policy`, changed in place, with each of `modules` in every layer a `LoRALinear`.
 
-    The adapters' `A` are drawn from `seed` (a stream apart from the base's initialisation).
+    The adapters' `A` are drawn from `seed` (a stream apart from the base's initialisation),
+    layer by layer and within a layer in the order of `modules`. The projections are found by
+    name (`nnx.iter_modules`), so any family whose projections bear Hugging Face's names takes
+    adapters.
 
     Examples:
       >>> from dew.models.llama import build, count_params
@@ -145,14 +163,12 @@ def add_lora(
     if unknown:
         raise ValueError(f"unknown LoRA module(s) {', '.join(unknown)}; known: {LORA_MODULES}")
     rngs = nnx.Rngs(jax.random.fold_in(jax.random.key(seed), _LORA_STREAM))
-    for layer in policy.layers:
-        for name in modules:
-            owner = _owner(layer, name)
-            setattr(owner, name, LoRALinear(getattr(owner, name), rank, alpha, rngs=rngs))
+    for owner, name in _projections(policy, tuple(modules), nnx.Linear):
+        setattr(owner, name, LoRALinear(getattr(owner, name), rank, alpha, rngs=rngs))
     return policy
 
 
-def has_lora(policy: Policy) -> bool:
+def has_lora(policy: CausalLM) -> bool:
     """True when any projection of `policy` carries an adapter.
 
     Examples:
@@ -165,11 +181,12 @@ def has_lora(policy: Policy) -> bool:
     return any(isinstance(module, LoRALinear) for _, module in nnx.iter_modules(policy))
 
 
-def merge_lora(policy: Policy) -> Policy:
-    """A plain `Policy` computing what `policy` does, each adapter folded into its kernel.
+def merge_lora(policy: CausalLM) -> CausalLM:
+    """A plain model computing what `policy` does, each adapter folded into its kernel.
 
-    Its kernels are `W + (alpha / rank) A B`; every other parameter is `policy`'s own (shared,
-    not copied). A policy without adapters is returned as it is.
+    Its kernels are `W + (alpha / rank) A B`, each in an `nnx.Linear` of the adapter's base
+    shape; every other parameter is `policy`'s own (shared, not copied). A policy without
+    adapters is returned as it is.
 
     Examples:
       >>> from dew.models.llama import build
@@ -181,15 +198,27 @@ def merge_lora(policy: Policy) -> Policy:
     """
     if not has_lora(policy):
         return policy
-    plain = abstract(policy.config)
-    nnx.update(plain, nnx.state(policy, nnx.Not(nnx.LoRAParam)))
-    for layer, plain_layer in zip(policy.layers, plain.layers, strict=True):
-        for name in LORA_MODULES:
-            module = getattr(_owner(layer, name), name)
-            if isinstance(module, LoRALinear):
-                target = getattr(_owner(plain_layer, name), name)
-                target.kernel = nnx.Param(module.merged_kernel())
+    graphdef, state = nnx.split(policy)
+    plain = nnx.merge(graphdef, state)
+    for owner, name in _projections(plain, LORA_MODULES, LoRALinear):
+        setattr(owner, name, _merged(getattr(owner, name)))
     return plain
+
+
+def _merged(layer: LoRALinear) -> nnx.Linear:
+    """An `nnx.Linear` of `layer`'s base shape whose kernel is `layer.merged_kernel()`."""
+    linear = nnx.eval_shape(
+        lambda: nnx.Linear(
+            layer.in_features,
+            layer.out_features,
+            use_bias=layer.use_bias,
+            param_dtype=layer.param_dtype,
+            rngs=nnx.Rngs(0),
+        )
+    )
+    linear.kernel = nnx.Param(layer.merged_kernel())
+    linear.bias = layer.bias
+    return linear
 
 
 def _adapters_off(trainable):

@@ -8,9 +8,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
+from dew.models import CausalLM
 from dew.models._checks import check_tokens
-from dew.models.llama import Policy, _unembed_with
 
 __all__ = [
     "PolicyOutputs",
@@ -79,14 +80,15 @@ def token_log_probs(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> ja
 
 
 def chunked_token_log_probs(
-    model: Policy, hidden: jax.Array, tokens: jax.Array, mask: jax.Array, chunk: int
+    model: CausalLM, hidden: jax.Array, tokens: jax.Array, mask: jax.Array, chunk: int
 ) -> jax.Array:
     """`token_log_probs(model.unembed(hidden), tokens, mask)`, `chunk` positions at a time.
 
     The sequence is cut into chunks of `chunk` positions (the last padded); `lax.map` unembeds
     one chunk at a time, and `jax.checkpoint` makes the backward pass recompute each chunk's
     logits instead of keeping them. So neither pass holds more than `[B, chunk, V]` float32
-    logits; the values and gradients are the unchunked ones (up to float summation order).
+    logits; the values and gradients are the unchunked ones (up to float summation order). Each
+    chunk's logits are `model.unembed`'s, so what the family applies to them (a soft-cap) holds.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -102,12 +104,16 @@ def chunked_token_log_probs(
     return _aligned(_over_chunks(model, hidden[:, :-1], tokens, chunk, _picked), mask)
 
 
-def _over_chunks(model: Policy, states: jax.Array, tokens: jax.Array, chunk: int, per_token):
+def _over_chunks(model: CausalLM, states: jax.Array, tokens: jax.Array, chunk: int, per_token):
     """`[B, T - 1]` `per_token(logits, next_tokens)` of the predicting `states` `[B, T - 1, H]`,
-    unembedding `chunk` positions at a time."""
+    unembedding `chunk` positions at a time with `model.unembed`.
+
+    The model goes into the checkpointed function as its parameters (`nnx.split`), so the
+    backward pass recomputes a chunk's logits from them and their gradients flow back.
+    """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    weights, pattern = model.unembedding()
+    graphdef, params = nnx.split(model)
     rows, steps = tokens.shape[0], tokens.shape[1] - 1
     count = -(-steps // chunk)
     pad = count * chunk - steps
@@ -117,15 +123,15 @@ def _over_chunks(model: Policy, states: jax.Array, tokens: jax.Array, chunk: int
     targets = targets.reshape(rows, count, chunk).swapaxes(0, 1)
 
     @jax.checkpoint
-    def one_chunk(weights, states, targets):
-        return per_token(_unembed_with(weights, pattern, states), targets)
+    def one_chunk(params, states, targets):
+        return per_token(nnx.merge(graphdef, params).unembed(states), targets)
 
-    picked = jax.lax.map(lambda part: one_chunk(weights, *part), (states, targets))
+    picked = jax.lax.map(lambda part: one_chunk(params, *part), (states, targets))
     return picked.swapaxes(0, 1).reshape(rows, count * chunk)[:, :steps]
 
 
 def _predicting_states(
-    model: Policy,
+    model: CausalLM,
     tokens: jax.Array,
     segments: jax.Array | None,
     *,
@@ -163,7 +169,7 @@ def _values_of_states(model, states, mask) -> jax.Array:
 
 
 def log_probs(
-    model: Policy,
+    model: CausalLM,
     tokens: jax.Array,
     mask: jax.Array,
     segments: jax.Array | None = None,
@@ -176,7 +182,7 @@ def log_probs(
     0 at t = 0 and wherever `mask` is false (selected with `jnp.where`, so nothing in padding
     reaches a loss). Log-softmax in float32. `logit_chunk` > 0 computes them
     `chunked_token_log_probs`' way; `remat` rematerialises each decoder layer
-    (`Policy.hidden`). Neither changes the result.
+    (`CausalLM.hidden`). Neither changes the result.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -192,7 +198,7 @@ def log_probs(
 
 
 def log_probs_and_values(
-    model: Policy,
+    model: CausalLM,
     tokens: jax.Array,
     mask: jax.Array,
     segments: jax.Array | None = None,
@@ -222,7 +228,7 @@ def log_probs_and_values(
 
 
 def policy_outputs(
-    model: Policy,
+    model: CausalLM,
     tokens: jax.Array,
     mask: jax.Array,
     segments: jax.Array | None = None,
@@ -238,7 +244,7 @@ def policy_outputs(
 
     `logit_chunk` and `remat` as in `log_probs`; with `logit_chunk` the entropy is computed
     chunk by chunk too. `shared` > 0 runs the first `shared` positions, the same in each group
-    of `group` adjacent rows, once per group (`Policy.hidden`); none of them changes the result.
+    of `group` adjacent rows, once per group (`CausalLM.hidden`); none of them changes the result.
 
     Examples:
       >>> from dew.models.registry import SIZES

@@ -13,7 +13,8 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from dew.models.llama import ModelConfig, Policy, build
+from dew.models import CausalLM
+from dew.models.llama import ModelConfig, build
 from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
@@ -70,7 +71,7 @@ class ModelSource:
     config: ModelConfig | None = None
     path: Path | None = None
 
-    def policy(self, seed: int = 0, *, value_head: bool = False) -> Policy:
+    def policy(self, seed: int = 0, *, value_head: bool = False) -> CausalLM:
         """The policy, with a zero-initialised value head when asked.
 
         Examples:

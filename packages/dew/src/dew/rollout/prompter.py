@@ -20,7 +20,7 @@ import numpy as np
 
 from dew.rewards import Reward, score_texts
 from dew.tasks import Task
-from dew.tokenizers import Tokenizer, _end_of_turn_id
+from dew.tokenizers import Tokenizer, _end_of_turn_id, with_system_prompt
 
 __all__ = ["Prompter", "Prompts"]
 
@@ -49,7 +49,8 @@ class Prompter:
     Attributes:
       task: the task.
       tokenizer: the model's tokenizer.
-      system_prompt: a system message put before each prompt (chat templates only).
+      system_prompt: a system message put before each prompt (chat templates only; merged into
+        the first user turn where the template refuses a system role: `with_system_prompt`).
       max_prompt_tokens: the widest prompt allowed (default: the task's longest).
       max_new_tokens: the most completion tokens sampled (default: the task's).
       rewards: the reward functions (default: the task's).
@@ -99,8 +100,8 @@ class Prompter:
                 )
             return prompt
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        if self.system_prompt is not None and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        if self.system_prompt is not None:
+            messages = with_system_prompt(self.tokenizer, messages, self.system_prompt)
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     def encode(self, example: dict[str, Any]) -> list[int]:
