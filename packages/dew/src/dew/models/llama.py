@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dew.models._checks import check_tokens
+from dew.models.attention import attend
 
 __all__ = [
     "MLP",
@@ -281,11 +282,7 @@ class Attention(nnx.Module):
                 v = jnp.concatenate([prefix[1], v], axis=1)
         groups = self.heads // self.kv_heads
         q = q.reshape(batch, length, self.kv_heads, groups, self.head_dim)
-        scores = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgsl,blkd->bskgd", weights, v)
+        out = attend(q, k, v, mask, scale=self.head_dim**-0.5)
         return self.o_proj(out.reshape(batch, length, self.heads * self.head_dim)), cache
 
 
