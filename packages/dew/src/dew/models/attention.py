@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 __all__ = ["attend"]
 
-BLOCK = 512
+BLOCK = 256
 
 
 def _scores(q: jax.Array, k: jax.Array, scale: float, softcap: float | None) -> jax.Array:
