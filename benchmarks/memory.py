@@ -101,6 +101,7 @@ QWEN25_05B = ModelConfig(
 ATTENTION = "q_proj,k_proj,v_proj,o_proj"
 SETTINGS = {
     "full fine-tuning": {},
+    "full fine-tuning + remat + logit chunk 256": {"remat": True, "logit_chunk": 256},
     "LoRA r8": {"lora_rank": 8},
     "LoRA r8 + remat + logit chunk 256": {"lora_rank": 8, "remat": True, "logit_chunk": 256},
     "LoRA r8 + remat + chunk + bf16 params and compute": {
@@ -184,7 +185,7 @@ def compiled_memory(model: ModelConfig, config: TrainConfig, rows: int, length: 
     opt_state = jax.eval_shape(optimizer(config.optimizer).init, params)
     update = make_update(update_spec(graphdef, config))
     began = time.perf_counter()
-    compiled = update.lower(
+    compiled = update.jitted.lower(
         params, opt_state, frozen, reference(params, config), batch_shapes(rows, length)
     ).compile()
     seconds = time.perf_counter() - began

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dew.models._checks import check_tokens
+from dew.models.attention import attend
 
 __all__ = [
     "ACTIVATIONS",
@@ -346,7 +347,8 @@ class Attention(nnx.Module):
     With `config.qk_norm` (Qwen3, Gemma 3) each head's query and key are RMS-normalised before
     rotation. A `local` layer (a sliding one) takes the local rotary base where the config has one.
     Scores are scaled by `query_pre_attn_scalar ** -0.5` when set (else `head_dim ** -0.5`) and,
-    with `softcap_attention`, soft-capped by `attn_logit_softcapping` before the mask.
+    with `softcap_attention`, soft-capped by `attn_logit_softcapping` before the mask; long rows
+    are attended in blocks (`dew.models.attention.attend`).
 
     Reference: GQA arXiv:2305.13245; `LlamaAttention` and `repeat_kv` in transformers
     `models/llama/modeling_llama.py`, `Qwen3Attention` in `models/qwen3/modeling_qwen3.py`,
@@ -396,16 +398,9 @@ class Attention(nnx.Module):
                 v = jnp.concatenate([prefix[1], v], axis=1)
         groups = self.heads // self.kv_heads
         q = q.reshape(batch, length, self.kv_heads, groups, self.head_dim)
-        scores = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32)
-        if self.config.query_pre_attn_scalar is None:
-            scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
-        else:
-            scores = scores * jnp.float32(self.config.query_pre_attn_scalar) ** -0.5
-        if self.config.softcap_attention:
-            scores = soft_cap(scores, self.config.attn_logit_softcapping)
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgsl,blkd->bskgd", weights, v)
+        scalar = self.config.query_pre_attn_scalar or self.head_dim
+        cap = self.config.attn_logit_softcapping if self.config.softcap_attention else None
+        out = attend(q, k, v, mask, scale=scalar**-0.5, softcap=cap)
         return self.o_proj(out.reshape(batch, length, self.heads * self.head_dim)), cache
 
 
