@@ -57,6 +57,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "process_rows", "replicated", "to_host",
     },
     "dew.models": set(),
+    "dew.models.attention": {"BLOCK", "attend"},
     "dew.models.gemma": {
         "gemma_config", "gemma_to_hf", "gemma2_config", "gemma2_to_hf", "gemma3_config",
         "gemma3_to_hf",
