@@ -424,7 +424,23 @@ def _parse_train(argv: list[str]):
         values.update(CHECKPOINT_DEFAULTS)
     values.update({k: v for k, v in args.items() if not k.startswith("objective.")})
     values.update(objective=name, objective_options=options, **tasks)
+    if "model" in args:
+        values["model"] = _absolute_model(args["model"])
     return defaults.replace(**values), quiet
+
+
+def _absolute_model(model: str) -> str:
+    """`--model` as the run records it: a path made absolute, so the run reads from anywhere.
+
+    Examples:
+      >>> _absolute_model("tiny"), Path(_absolute_model("tests/core/hf/qwen2")).is_absolute()
+      ('tiny', True)
+    """
+    from dew.models.registry import _PACKAGED, SIZES
+
+    if model in SIZES or model in _PACKAGED or not Path(model).exists():
+        return model
+    return str(Path(model).absolute())
 
 
 def _command_train(argv: list[str]) -> int:
@@ -495,7 +511,7 @@ def _command_sample(argv: list[str]) -> int:
         config = TrainConfig(task=args.task)
         run = load_run(args.run) if args.run else model_run(args.model, config)
     except (FileNotFoundError, ValueError) as error:
-        raise _CommandError(str(error)) from error
+        raise _CommandError(f"--run {args.run}: {error}" if args.run else str(error)) from error
     if args.run:
         print(f"run {args.run}, step {run.step}, task {run.task.name}")
     else:
@@ -613,14 +629,15 @@ def _command_export(argv: list[str]) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise _CommandError(f"--out {out} already holds files; choose a new or empty folder")
     from dew.inference import export_run
+    from dew.train.runlog import read_config
 
     try:
-        run = export_run(args.run, out, args.step)
+        lora = read_config(args.run).get("lora", {}).get("lora_rank", 0)
+        step = export_run(args.run, out, args.step)
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(f"--run {args.run}: {error}") from error
-    lora = run.config.get("lora", {}).get("lora_rank", 0)
     merged = f", LoRA rank {lora} merged" if lora else ""
-    print(f"wrote {out}: {args.run} at step {run.step}{merged}")
+    print(f"wrote {out}: {args.run} at step {step}{merged}")
     return 0
 
 
