@@ -192,7 +192,10 @@ def test_ctrl_c_twice_during_a_save_finishes_the_save_then_stops(tmp_path, child
     argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
     done = run_child(tmp_path, child_env, argv, CTRL_C_TWICE_DURING_THE_SAVE)
     error = assert_one_line_error(done, 130)
-    assert error == "dew: interrupted; the last checkpoint is kept"
+    assert error == (
+        "dew: interrupted; the last checkpoint is kept; continue with: "
+        f"dew train --resume --out {run}"
+    )
     assert Checkpoints(run / "checkpoints").latest_step() == 2  # the save the signals came in
     assert (run / "reward.png").stat().st_size > 0
 

@@ -6,12 +6,15 @@ tokenizer beside the weights. A run folder is also a model wherever one is taken
 """
 
 import dataclasses
+import functools
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -28,6 +31,7 @@ from dew.train.runlog import read_config
 
 __all__ = [
     "Run",
+    "chat_reply",
     "export_run",
     "load_run",
     "model_run",
@@ -333,3 +337,90 @@ def sample_run(run: Run, n: int, temperature: float = 0.0, seed: int = 0) -> lis
             examples, sampled.tokens, sampled.completion_mask, sampled.rewards, strict=True
         )
     ]
+
+
+_CHAT_SLOTS = 256
+"""`chat_reply` sizes its KV cache in multiples of this many positions, so a conversation's turns
+reuse a few compiled programs instead of compiling one per prompt length."""
+
+
+def chat_reply(
+    policy: Policy,
+    tokenizer: Tokenizer,
+    messages: list[dict[str, str]],
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+) -> Iterator[str]:
+    """The assistant's answer to `messages`, as pieces of text in the order they are decoded.
+
+    The messages are rendered with the tokenizer's chat template (generation prompt added) and
+    the answer decoded until the template's end-of-turn token, which is not yielded. Unlike
+    `dew.sampling.sample`, whose decoding loop runs inside one compiled program, each token is
+    drawn by one compiled step called from Python, so it can be shown as soon as it is drawn; a
+    piece is yielded once its bytes decode whole (a character split over tokens waits for the
+    rest). Token `i` of the answer is drawn with `fold_in(key, P + i)`, `P` the prompt's
+    length, the key `sample` gives it.
+
+    `ValueError` when the prompt plus `max_new_tokens` exceeds the model's context.
+
+    Examples:
+      >>> from dew.hf import load_policy, load_tokenizer
+      >>> folder = "tests/core/hf/qwen2-chat"
+      >>> pieces = chat_reply(load_policy(folder), load_tokenizer(folder),
+      ...                     [{"role": "user", "content": "hi"}], jax.random.key(0),
+      ...                     max_new_tokens=3)
+      >>> isinstance("".join(pieces), str)
+      True
+    """
+    from dew.sampling import _choose
+    from dew.tokenizers import _end_of_turn_id
+
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True))
+    end, context = _end_of_turn_id(tokenizer), policy.config.max_position_embeddings
+    if len(prompt) + max_new_tokens > context:
+        raise ValueError(
+            f"the conversation ({len(prompt)} tokens) plus --max-new-tokens {max_new_tokens} "
+            f"exceeds the model's context of {context} positions"
+        )
+    slots = min(-(-(len(prompt) + max_new_tokens) // _CHAT_SLOTS) * _CHAT_SLOTS, context)
+    graphdef, params = nnx.split(policy)
+    width = min(-(-len(prompt) // _CHAT_SLOTS) * _CHAT_SLOTS, slots)
+    padded = np.full((1, width), tokenizer.pad_token_id, np.int32)
+    padded[0, : len(prompt)] = prompt
+    logits, cache = _chat_prefill(graphdef, params, padded, len(prompt) - 1, slots)
+    answer, shown = [], ""
+    for i in range(max_new_tokens):
+        position = len(prompt) + i
+        token, _ = _choose(logits[None], jax.random.fold_in(key, position), temperature, 1.0)
+        token = int(token[0])
+        if token == end:
+            break
+        answer.append(token)
+        text = tokenizer.decode(answer)
+        if not text.endswith("\ufffd"):
+            yield text[len(shown) :]
+            shown = text
+        if i + 1 < max_new_tokens:
+            logits, cache = _chat_decode(graphdef, params, token, position, cache)
+    text = tokenizer.decode(answer)
+    if text != shown:
+        yield text[len(shown) :]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _chat_prefill(graphdef: nnx.GraphDef, params, tokens: jax.Array, last: jax.Array, slots: int):
+    """The logits `[V]` after a chat prompt (its last position `last`) and the filled cache."""
+    model = nnx.merge(graphdef, params)
+    logits, cache = model.prefill(tokens, model.init_cache(1, slots))
+    return logits[0, last], cache
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
+def _chat_decode(graphdef: nnx.GraphDef, params, token: jax.Array, position: jax.Array, cache):
+    """The logits `[V]` after `token` at `position`, and the cache with it written."""
+    model = nnx.merge(graphdef, params)
+    tokens, positions = jnp.reshape(token, (1, 1)), jnp.reshape(position, (1,))
+    logits, cache = model.decode(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache)
+    return logits[0, 0], cache

@@ -86,6 +86,9 @@ class Progress(Callback):
     def __init__(self, total: int, start: int, console: Console | None, quiet: bool):
         self.display = _Display(total, start, console, quiet)
 
+    def on_start(self, trainer: "Trainer") -> None:
+        self.display.begin()
+
     def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
         self.display.update(row)
 
