@@ -58,6 +58,8 @@ class RunOptions:
       out: run folder (default runs/<YYYYmmdd-HHMMSS>).
       resume: continue the run in `--out` (default: the newest in `runs/`) from its last checkpoint.
       checkpoint_every: checkpoint every N steps (and at the end).
+      checkpoint_minutes: also checkpoint a step that ends N minutes or more after the last
+        checkpoint (or the start), so a fault loses minutes, not the run (0: by steps only).
     """
 
     steps: int = option(250, AT_LEAST_ONE)
@@ -65,6 +67,7 @@ class RunOptions:
     out: str | None = None
     resume: bool = False
     checkpoint_every: int = option(50, AT_LEAST_ONE)
+    checkpoint_minutes: float = option(0.0, Range(0, 24 * 60))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,11 +198,14 @@ class MemoryOptions:
       pack: run the policy on the sampled chains (prompt + completion) packed end to end into
         as few rows as hold them, segment ids keeping them apart, instead of one padded row
         each; the loss sees them unpacked.
+      memory_check: before anything is written, estimate the memory the run will need (from
+        the model, batch, lengths and these options) and refuse a run that would not fit.
     """
 
     logit_chunk: int = option(0, NON_NEGATIVE)
     remat: bool = False
     pack: bool = False
+    memory_check: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,6 +358,7 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {
     "lr": 5e-6,
     "updates_per_rollout": 1,
     "samples_every": 5,
+    "checkpoint_minutes": 5.0,
 }
 """The defaults `dew train` takes instead when `--model` is a checkpoint (not a built-in size):
 a pretrained model wants a learning rate a thousand times smaller than a fresh one, and a step
