@@ -21,7 +21,8 @@ def test_progress_says_the_first_step_compiles_then_shows_seconds_per_step_and_a
     assert "20.0 s/step, ETA 9m20s" in lines[2]  # the steps after the first, for the 28 left
 
 
-def test_eval_says_it_loads_and_samples(capsys):
+def test_eval_says_it_loads_and_samples_on_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_terminal", lambda: True)
     argv = ["eval", "--model", "tiny", "--prompts", "2", "--k", "2"]
     assert cli.main(argv) == 0
     err = capsys.readouterr().err.splitlines()
@@ -35,3 +36,8 @@ def test_an_interrupted_run_names_the_command_that_continues_it(tmp_path):
         "dew: interrupted; the last checkpoint is kept; continue with: "
         f"dew train --resume --out {tmp_path}"
     )
+
+
+def test_without_a_terminal_stderr_holds_only_errors(capsys):
+    assert cli.main(["chat", "--model", "tiny", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == "dew: error: the digit tokenizer has no chat template"

@@ -578,8 +578,14 @@ def _eval_parser() -> argparse.ArgumentParser:
 
 
 def _tell(text: str) -> None:
-    """Say on stderr what a long wait is for (loading, compiling, sampling)."""
-    print(f"dew: {text}", file=sys.stderr, flush=True)
+    """Say on stderr what a long wait is for (loading, compiling, sampling), on a terminal only:
+    a log or a script reading stderr gets the result or the one-line error alone."""
+    if _terminal():
+        print(f"dew: {text}", file=sys.stderr, flush=True)
+
+
+def _terminal() -> bool:
+    return sys.stderr.isatty()
 
 
 def _command_eval(argv: list[str]) -> int:
