@@ -62,9 +62,8 @@ def test_the_tutorials_run_fits_a_16_gib_machine_with_room_to_spare():
     block = re.search(r"uv run dew train (--model smollm2.*?)\n```", text, re.S)[1]
     config, _ = cli._parse_train(shlex.split(block.replace("\\\n", " ")))
     model = _memory.architecture(resolve_model("smollm2"))
-    parts = _memory.estimate(
-        model, config, width=64, max_new_tokens=config.prompting.max_new_tokens
-    )
+    new_tokens = config.prompting.max_new_tokens
+    parts = _memory.estimate(model, config, 64, new_tokens, remat_frees=False)  # a CPU's
     assert parts.total < 0.6 * 16 * 2**30
 
 

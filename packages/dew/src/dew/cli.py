@@ -902,8 +902,8 @@ def main(argv: list[str] | None = None) -> int:
     except _CommandError as error:
         print(f"dew: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("dew: interrupted; the last checkpoint is kept", file=sys.stderr)
+    except KeyboardInterrupt:  # `dew train` says itself what a stopped run kept
+        print("dew: interrupted", file=sys.stderr)
         return 130
     finally:
         if main_thread:

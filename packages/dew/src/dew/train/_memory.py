@@ -8,8 +8,11 @@ assignment of the compiled update (`benchmarks/memory.py`, `benchmarks/results/m
 token and decoder layer `8 H + 4.9 I + heads x T` floats (`H` hidden, `I` intermediate, `T` the
 row length: the attention probabilities), three float32 `[T, V]` copies for the log-probs (two
 of a chunk with `--logit-chunk`), LoRA adding a fifth to the layers' share and `--remat` taking
-a quarter off it. It is within about 30% of those compiles and of the 17 GB a SmolLM2 run of
-4 x 4 rows of 316 tokens reached on a CPU; a runtime allowance is added for XLA and Python.
+a quarter off it where it can (not under XLA's default CPU scheduler, which keeps what remat
+would free). It is within 0.97 to 1.26 of those compiles; on a CPU, the 17 GB a SmolLM2 run of
+4 x 4 rows of 316 tokens reached is estimated 15.0 GiB (16.1 GB), and the 10.1 GB of one of 128
+new tokens with `--remat --logit-chunk 128` 9.1 GiB (9.8 GB). A runtime allowance is added for
+XLA and Python.
 """
 
 import dataclasses
@@ -25,9 +28,10 @@ from dew.models.registry import ModelSource
 from dew.options import ConfigError
 
 GiB = 2**30
-_RUNTIME = int(1.5 * GiB)
-"""What the interpreter, JAX and XLA's compiler hold beside the run's own arrays (measured:
-about 1.2 GiB resident for `dew train --model tiny` on a CPU)."""
+_RUNTIME = GiB
+"""What the interpreter, JAX and XLA's compiler hold beside the run's own arrays (0.6 GiB
+resident at most for `dew train --model tiny --steps 2` on a CPU; the rest is for compiling a
+large model's programs)."""
 _CLOSE = 0.8
 """Above this share of the memory available, `check_memory` warns."""
 
@@ -92,10 +96,18 @@ def _lora_count(model: ModelConfig, rank: int, modules: tuple[str, ...]) -> int:
     return model.num_hidden_layers * per_layer
 
 
-def estimate(model: ModelConfig, config, width: int, max_new_tokens: int, devices: int = 1):
+def estimate(
+    model: ModelConfig,
+    config,
+    width: int,
+    max_new_tokens: int,
+    devices: int = 1,
+    remat_frees: bool = True,
+) -> Estimate:
     """The `Estimate` of a run of `config` (a `TrainConfig`) on `model`, prompts `width` wide.
 
     Rows are split over `devices`; the weights are whole on each unless `--fsdp`.
+    `remat_frees`: whether XLA frees what `--remat` recomputes (`_remat_frees`).
 
     Examples:
       >>> from dew.train.config import TrainConfig
@@ -122,11 +134,18 @@ def estimate(model: ModelConfig, config, width: int, max_new_tokens: int, device
     per_token = 8 * model.hidden_size + 4.9 * model.intermediate_size
     per_token += model.num_attention_heads * length
     layers = 4 * per_token * rows * length * model.num_hidden_layers
-    layers *= (1.2 if lora.lora_rank else 1.0) * (0.75 if memory.remat else 1.0)
+    layers *= (1.2 if lora.lora_rank else 1.0) * (0.75 if memory.remat and remat_frees else 1.0)
     kv = 2 * model.num_key_value_heads * model.dim_per_head * model.num_hidden_layers
     sampled = -(-config.rollout.prompts * config.rollout.group // devices)
     sampler = stored * kv * sampled * length + 4 * config.rollout.prompts * width * model.vocab_size
     return Estimate(int(weights), int(logits), int(layers), int(sampler))
+
+
+def _remat_frees() -> bool:
+    """Whether the backend frees what remat recomputes: not XLA's default CPU scheduler, which
+    schedules for parallelism (`docs/training.md`, "Which memory setting when")."""
+    memory_first = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+    return jax.default_backend() != "cpu" or memory_first in os.environ.get("XLA_FLAGS", "")
 
 
 def available_bytes() -> int | None:
@@ -204,7 +223,7 @@ def check_memory(
     free = available_bytes()
     if model is None or free is None:
         return
-    parts = estimate(model, config, width, max_new_tokens, devices)
+    parts = estimate(model, config, width, max_new_tokens, devices, _remat_frees())
     need = parts.total
     where = "on the device" if jax.devices()[0].platform != "cpu" else "in this machine"
     said = f"this run needs about {need / GiB:.1f} GiB and {free / GiB:.1f} GiB is free {where}"
