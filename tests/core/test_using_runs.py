@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 from dew import cli
-from dew.hf import load_policy, load_tokenizer
+from dew.hf import load_tokenizer
 from dew.inference import load_run
+from dew.models.registry import resolve_model
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
 TOKENS = jnp.array([[1, 5, 6, 7]])
@@ -88,17 +89,16 @@ def test_a_built_in_size_run_exports_without_its_reward_module_and_loads(runs, c
 
 def test_a_run_folder_is_a_model_for_chat_sample_and_train(runs, capsys, tmp_path):
     run = runs / "chat-run"
-    source_run = load_run(run)
-    trained = nnx.merge(source_run.graphdef, source_run.params)
-    exported = tmp_path / "export"
-    cli.main(["export", "--run", str(run), "--out", str(exported)])
-    np.testing.assert_allclose(load_policy(exported)(TOKENS), trained(TOKENS), atol=1e-5)
-    capsys.readouterr()
+    trained = load_run(run)
+    policy = resolve_model(str(run)).policy(0)
+    expected = nnx.merge(trained.graphdef, trained.params)(TOKENS)
+    np.testing.assert_allclose(policy(TOKENS), expected, atol=1e-6)
     assert cli.main(["chat", "--model", str(run), "--max-new-tokens", "3", "hi"]) == 0
-    assert cli.main(["sample", "--model", str(runs / "digit-run"), "--n", "1"]) == 0
+    digits = runs / "digit-run"
+    assert cli.main(["sample", "--model", str(digits), "--n", "1"]) == 0
     again = tmp_path / "again"
-    assert cli.main([*SFT, "--model", str(run), "--out", str(again)]) == 0
-    assert json.loads((again / "config.json").read_text())["model"] == str(run)
+    assert cli.main([*SFT, "--model", str(digits), "--out", str(again)]) == 0
+    assert json.loads((again / "config.json").read_text())["model"] == str(digits)
 
 
 def test_export_of_a_folder_without_checkpoints_creates_none(runs, capsys, tmp_path):

@@ -103,11 +103,14 @@ def estimate(
     max_new_tokens: int,
     devices: int = 1,
     remat_frees: bool = True,
+    rows: int | None = None,
 ) -> Estimate:
     """The `Estimate` of a run of `config` (a `TrainConfig`) on `model`, prompts `width` wide.
 
-    Rows are split over `devices`; the weights are whole on each unless `--fsdp`.
-    `remat_frees`: whether XLA frees what `--remat` recomputes (`_remat_frees`).
+    `rows`: the training batch's rows (the objective's source says; default `--prompts` x
+    `--group`), split into `--micro-batches` and over `devices`; the weights are whole on each
+    device unless `--fsdp`. `remat_frees`: whether XLA frees what `--remat` recomputes
+    (`_remat_frees`).
 
     Examples:
       >>> from dew.train.config import TrainConfig
@@ -126,7 +129,8 @@ def estimate(
         weights = 16 * params + stored * params  # f32 weights, gradients, 2 moments, reference
     if config.mesh.fsdp:
         weights //= devices
-    rows = -(-config.rollout.prompts * config.rollout.group // config.update.micro_batches)
+    rows = rows or config.rollout.prompts * config.rollout.group
+    rows = -(-rows // config.update.micro_batches)
     rows = -(-rows // devices)
     length = width + max_new_tokens
     chunk = min(memory.logit_chunk or length, length)
@@ -212,7 +216,12 @@ def _advice(parts: Estimate, config, max_new_tokens: int) -> str:
 
 
 def check_memory(
-    source: ModelSource, config, width: int, max_new_tokens: int, devices: int = 1
+    source: ModelSource,
+    config,
+    width: int,
+    max_new_tokens: int,
+    devices: int = 1,
+    rows: int | None = None,
 ) -> None:
     """`ConfigError` when the run's estimated peak exceeds the memory available, naming what to
     lower; a one-line warning on stderr when it takes more than 80% of it. Nothing when the
@@ -223,7 +232,7 @@ def check_memory(
     free = available_bytes()
     if model is None or free is None:
         return
-    parts = estimate(model, config, width, max_new_tokens, devices, _remat_frees())
+    parts = estimate(model, config, width, max_new_tokens, devices, _remat_frees(), rows)
     need = parts.total
     where = "on the device" if jax.devices()[0].platform != "cpu" else "in this machine"
     said = f"this run needs about {need / GiB:.1f} GiB and {free / GiB:.1f} GiB is free {where}"

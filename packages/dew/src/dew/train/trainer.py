@@ -162,7 +162,8 @@ class Trainer:
         validate(config, self.objective)
         devices = config.mesh.devices or len(jax.devices())
         width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
-        check_memory(source, config, width, new_tokens, devices)  # before anything is written
+        rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
+        check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
         check_folder(self.run_dir, config.run.resume)
