@@ -135,8 +135,10 @@ def _restored(run_dir: Path, record: dict[str, Any], source: ModelSource, step: 
 
 @dataclasses.dataclass(frozen=True)
 class _RunModel(ModelSource):
-    """A run folder as a model: its policy at the newest checkpoint (adapters merged) and the
-    tokenizer of the model it was trained on."""
+    """A run folder as a model: its newest checkpoint's policy, the base model's tokenizer.
+
+    The policy has its LoRA adapters merged.
+    """
 
     def policy(self, seed: int = 0, *, value_head: bool = False) -> Policy:
         run_dir = Path(self.path)
@@ -225,8 +227,10 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
 
 
 def _write_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
-    """Write `tokenizer` as transformers' `tokenizer.json`, `tokenizer_config.json` (its special
-    tokens and chat template) and `special_tokens_map.json`.
+    """Write `tokenizer` in `folder` as transformers reads it; returns nothing.
+
+    `tokenizer.json`, `tokenizer_config.json` (its special tokens and chat template) and
+    `special_tokens_map.json`.
 
     The digit vocabulary is written as a word-level tokenizer of one symbol per character, which
     `dew.hf.load_tokenizer` reads back to the same ids.

@@ -146,15 +146,21 @@ def estimate(
 
 
 def _remat_frees() -> bool:
-    """Whether the backend frees what remat recomputes: not XLA's default CPU scheduler, which
-    schedules for parallelism (`docs/training.md`, "Which memory setting when")."""
+    """Whether the backend frees what remat recomputes.
+
+    XLA's default CPU scheduler does not: it schedules for parallelism (`docs/training.md`,
+    "Which memory setting when").
+    """
     memory_first = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
     return jax.default_backend() != "cpu" or memory_first in os.environ.get("XLA_FLAGS", "")
 
 
 def available_bytes() -> int | None:
-    """The memory a run may use: the first device's free memory on an accelerator, else the
-    host's available memory (`MemAvailable` of /proc/meminfo); None when neither is known."""
+    """The bytes a run may use; None when they cannot be read.
+
+    The first device's free memory on an accelerator, else the host's available memory
+    (`MemAvailable` of /proc/meminfo).
+    """
     device = jax.devices()[0]
     if device.platform != "cpu":
         stats = device.memory_stats() or {}
@@ -174,8 +180,10 @@ def available_bytes() -> int | None:
 
 
 def architecture(source: ModelSource) -> ModelConfig | None:
-    """The architecture `source` will load, read from its configuration alone (no weights);
-    None when it cannot be read here (loading the model then reports why)."""
+    """The architecture `source` will load, from its configuration alone (no weights); or None.
+
+    None when it cannot be read here: loading the model then reports why.
+    """
     if source.config is not None:
         return source.config
     path = Path(source.path)
@@ -223,9 +231,12 @@ def check_memory(
     devices: int = 1,
     rows: int | None = None,
 ) -> None:
-    """`ConfigError` when the run's estimated peak exceeds the memory available, naming what to
-    lower; a one-line warning on stderr when it takes more than 80% of it. Nothing when the
-    architecture or the memory available cannot be read, or `--no-memory-check`."""
+    """Nothing; `ConfigError` naming what to lower when the run will not fit in memory.
+
+    The run's estimated peak is compared with the memory available; above 80% of it a one-line
+    warning goes to stderr. No check when the architecture or the memory available cannot be
+    read, or with `--no-memory-check`.
+    """
     if not config.memory.memory_check:
         return
     model = architecture(source)

@@ -98,8 +98,11 @@ class Progress(Callback):
 
 
 class Checkpointing(Callback):
-    """Saves the trainer's state every `every` steps, at the last step, and at the first step
-    that ends `minutes` or more after the last save or the start (0: by steps only)."""
+    """Saves the trainer's state every `every` steps, at the last step, and by the clock.
+
+    By the clock: at the first step that ends `minutes` or more after the last save or the
+    start (0: by steps only).
+    """
 
     def __init__(self, every: int, minutes: float = 0.0):
         self.every, self.minutes = every, minutes
