@@ -532,6 +532,7 @@ def _command_sample(argv: list[str]) -> int:
 
     try:
         config = TrainConfig(task=args.task)
+        _tell(f"loading {args.run or args.model}")
         run = load_run(args.run) if args.run else model_run(args.model, config)
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(f"--run {args.run}: {error}" if args.run else str(error)) from error
