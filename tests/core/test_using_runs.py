@@ -12,7 +12,7 @@ from flax import nnx
 
 from dew import cli
 from dew.hf import load_tokenizer
-from dew.inference import load_run
+from dew.inference import _write_tokenizer, load_run
 from dew.models.registry import resolve_model
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
@@ -110,3 +110,14 @@ def test_export_of_a_folder_without_checkpoints_creates_none(runs, capsys, tmp_p
     assert "holds no checkpoint" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_gguf_files_tokenizer_is_written_out_whole(tmp_path):
+    gguf = load_tokenizer(resolve_model("smollm2").path)
+    _write_tokenizer(gguf, tmp_path)
+    again = load_tokenizer(tmp_path)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12+30?"}]
+    text = gguf.apply_chat_template(messages, True)
+    assert again.apply_chat_template(messages, True) == text
+    assert again.encode(text) == gguf.encode(text) and again.vocab_size == gguf.vocab_size
+    assert (again.eos_token_id, again.pad_token_id) == (gguf.eos_token_id, gguf.pad_token_id)
