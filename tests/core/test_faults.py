@@ -158,6 +158,7 @@ def test_a_real_full_disk_is_one_line_and_keeps_the_last_checkpoint(
 def test_real_out_of_memory_names_the_settings_to_lower(tmp_path, child_env):
     run = tmp_path / "run"
     argv = [*RUN[:-2], "100000", "--quiet", "--steps", "2", "--out", run]
+    argv.append("--no-memory-check")  # the estimate refuses it first (test_memory_check.py)
     done = run_child(tmp_path, child_env, argv, before_main=ADDRESS_SPACE_LIMITED)
     error = assert_one_line_error(done, 1)
     assert error.startswith("dew: out of memory at step 1: lower --prompts (100000) or --group (8)")
@@ -192,7 +193,10 @@ def test_ctrl_c_twice_during_a_save_finishes_the_save_then_stops(tmp_path, child
     argv = [*RUN, "--steps", "3", "--checkpoint-every", "1", "--out", run]
     done = run_child(tmp_path, child_env, argv, CTRL_C_TWICE_DURING_THE_SAVE)
     error = assert_one_line_error(done, 130)
-    assert error == "dew: interrupted; the last checkpoint is kept"
+    assert error == (
+        "dew: interrupted; the last checkpoint is kept; continue with: "
+        f"dew train --resume --out {run}"
+    )
     assert Checkpoints(run / "checkpoints").latest_step() == 2  # the save the signals came in
     assert (run / "reward.png").stat().st_size > 0
 

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from dew.hf import load_policy
-from dew.inference import export_run
+from dew.inference import export_run, load_run
 from dew.models.llama import build
 from dew.models.registry import SIZES
 from dew.objectives.sft import SFT
@@ -82,7 +82,8 @@ def test_lora_over_a_bfloat16_base_trains_packed_and_exports(tmp_path):
     history = trainer.run()
     assert history[-1]["loss"] < history[0]["loss"]
     assert all(0.0 < row["pack_fill"] <= 1.0 for row in history)
-    trained = export_run(config.run.out, tmp_path / "export")
+    assert export_run(config.run.out, tmp_path / "export") == 2
+    trained = load_run(config.run.out)
     exported = load_policy(tmp_path / "export")
     assert exported.embed_tokens.embedding.get_value().dtype == jnp.bfloat16
     policy = nnx.merge(trained.graphdef, trained.params)

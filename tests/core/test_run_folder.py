@@ -163,7 +163,10 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "dew: interrupted; the last checkpoint is kept"
+    assert err.strip().splitlines()[-1] == (
+        "dew: interrupted; the last checkpoint is kept; continue with: "
+        f"dew train --resume --out {run}"
+    )
     assert (run / "reward.png").exists()
     assert Checkpoints(Path(run) / "checkpoints").latest_step() is not None
 

@@ -1,6 +1,6 @@
 """The `dew` command: `dew train` teaches a policy a task, `dew sample` shows what it learned.
 
-`dew export` writes a run's policy as a Hugging Face folder; `dew chat` answers one message;
+`dew export` writes a run's policy as a Hugging Face folder; `dew chat` talks with a model;
 `dew launch --processes N -- train ARGS` runs one training run as N local processes; `dew plot`
 draws runs' metrics and `dew runs` lists the runs under a folder.
 
@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import inspect
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -436,7 +437,23 @@ def _parse_train(argv: list[str]):
         values.update(CHECKPOINT_DEFAULTS)
     values.update({k: v for k, v in args.items() if not k.startswith("objective.")})
     values.update(objective=name, objective_options=options, **tasks)
+    if "model" in args:
+        values["model"] = _absolute_model(args["model"])
     return defaults.replace(**values), quiet
+
+
+def _absolute_model(model: str) -> str:
+    """`--model` as the run records it: a path made absolute, so the run reads from anywhere.
+
+    Examples:
+      >>> _absolute_model("tiny"), Path(_absolute_model("tests/core/hf/qwen2")).is_absolute()
+      ('tiny', True)
+    """
+    from dew.models.registry import _PACKAGED, SIZES
+
+    if model in SIZES or model in _PACKAGED or not Path(model).exists():
+        return model
+    return str(Path(model).absolute())
 
 
 def _command_train(argv: list[str]) -> int:
@@ -453,18 +470,26 @@ def _command_train(argv: list[str]) -> int:
     from dew.train import ConfigError, TrainingError, train
 
     console = Console(quiet=not is_primary())
+    if not quiet and is_primary():
+        _tell(f"loading {config.model}")
+    started: list[Path] = []
+
+    def on_start(run_dir: Path) -> None:
+        started.append(run_dir)
+        console.print(f"run folder: {run_dir}", highlight=False, soft_wrap=True)
+
     try:
-        result = train(
-            config,
-            console=console,
-            quiet=quiet,
-            on_start=lambda d: console.print(f"run folder: {d}", highlight=False, soft_wrap=True),
-        )
+        result = train(config, console=console, quiet=quiet, on_start=on_start)
     except ConfigError as error:
         raise _CommandError(str(error)) from error
     except (RewardError, TrainingError) as error:
         print(f"dew: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if started:
+            print(_interrupted(started[0]), file=sys.stderr)
+            return 130
+        raise
     last = result.history[-1] if result.history else {}
     console.print(
         f"run folder: {result.run_dir}\n"
@@ -474,6 +499,20 @@ def _command_train(argv: list[str]) -> int:
         soft_wrap=True,
     )
     return 0
+
+
+def _interrupted(run_dir: Path) -> str:
+    """The line a stopped run ends with: what is kept, and the command that continues it.
+
+    Examples:
+      >>> _interrupted(Path("tests"))
+      'dew: interrupted before the first checkpoint; nothing to resume in tests'
+    """
+    saved = (run_dir / "checkpoints").glob("*")
+    if not any(step.name.isdigit() for step in saved):  # Orbax's finished saves, by step
+        return f"dew: interrupted before the first checkpoint; nothing to resume in {run_dir}"
+    command = f"dew train --resume --out {shlex.quote(str(run_dir))}"
+    return f"dew: interrupted; the last checkpoint is kept; continue with: {command}"
 
 
 def _command_sample(argv: list[str]) -> int:
@@ -505,9 +544,10 @@ def _command_sample(argv: list[str]) -> int:
 
     try:
         config = TrainConfig(task=args.task)
+        _tell(f"loading {args.run or args.model}")
         run = load_run(args.run) if args.run else model_run(args.model, config)
     except (FileNotFoundError, ValueError) as error:
-        raise _CommandError(str(error)) from error
+        raise _CommandError(f"--run {args.run}: {error}" if args.run else str(error)) from error
     if args.run:
         print(f"run {args.run}, step {run.step}, task {run.task.name}")
     else:
@@ -554,6 +594,17 @@ def _eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tell(text: str) -> None:
+    """Say on stderr what a long wait is for (loading, compiling, sampling), on a terminal only:
+    a log or a script reading stderr gets the result or the one-line error alone."""
+    if _terminal():
+        print(f"dew: {text}", file=sys.stderr, flush=True)
+
+
+def _terminal() -> bool:
+    return sys.stderr.isatty()
+
+
 def _command_eval(argv: list[str]) -> int:
     """Run `dew eval`; the exit status."""
     try:
@@ -583,6 +634,7 @@ def _command_eval(argv: list[str]) -> int:
             if args[name] is not None:
                 values[name] = args[name]
         config = TrainConfig().replace(**values)
+        _tell(f"loading {model}")
         run = load_run(model, config=config) if is_run else model_run(model, config, args["seed"])
         metrics = evaluate(
             run.graphdef,
@@ -592,6 +644,7 @@ def _command_eval(argv: list[str]) -> int:
             k=args["k"],
             temperature=args["temperature"],
             key=jax.random.key(args["seed"]),
+            progress=_tell,
         )
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(str(error)) from error
@@ -629,34 +682,39 @@ def _command_export(argv: list[str]) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise _CommandError(f"--out {out} already holds files; choose a new or empty folder")
     from dew.inference import export_run
+    from dew.train.runlog import read_config
 
     try:
-        run = export_run(args.run, out, args.step)
+        lora = read_config(args.run).get("lora", {}).get("lora_rank", 0)
+        step = export_run(args.run, out, args.step)
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(f"--run {args.run}: {error}") from error
-    lora = run.config.get("lora", {}).get("lora_rank", 0)
     merged = f", LoRA rank {lora} merged" if lora else ""
-    print(f"wrote {out}: {args.run} at step {run.step}{merged}")
+    print(f"wrote {out}: {args.run} at step {step}{merged}")
     return 0
 
 
 def _command_chat(argv: list[str]) -> int:
-    """Run `dew chat`: print a chat model's answer to one message; the exit status.
+    """Run `dew chat`: a conversation with a chat model; the exit status.
 
-    The message is rendered with the model's chat template (its default system prompt included)
-    and the answer decoded until the template's end-of-turn token.
+    With a message as argument, its answer alone; otherwise the user's turns are read from
+    stdin, one a line, until end of input or `exit`, each answered with the conversation so far.
+    Messages are rendered with the model's chat template (its default system prompt included)
+    and each answer is printed as it is decoded, until the template's end-of-turn token.
     """
     parser = _Parser(
         prog="dew chat",
         parents=[_process_parser()],
-        description="Answer one message with a chat model.",
+        description="Talk with a chat model: the turns are read from stdin until end of input or "
+        "`exit`, the conversation kept; with a message as argument, answer it alone.",
         exit_on_error=False,
     )
-    parser.add_argument("message", help="the user's message")
+    parser.add_argument("message", nargs="?", help="one message to answer (default: read turns)")
     parser.add_argument(
         "--model",
         default="smollm2",
-        help="a model name, a Hugging Face model folder or a .gguf file (default: smollm2)",
+        help="a model name, a Hugging Face model folder, a run folder or a .gguf file "
+        "(default: smollm2)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="(default: 256)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
@@ -668,33 +726,41 @@ def _command_chat(argv: list[str]) -> int:
     if args.max_new_tokens <= 0 or args.temperature < 0:
         raise _CommandError("--max-new-tokens must be > 0 and --temperature >= 0")
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
+    from dew.inference import chat_reply
     from dew.models.registry import resolve_model
-    from dew.sampling import sample
-    from dew.tokenizers import _end_of_turn_id
 
+    _tell(f"loading {args.model}")
     try:
         source = resolve_model(args.model)
         policy, tokenizer = source.policy(args.seed), source.tokenizer()
-        message = [{"role": "user", "content": args.message}]
-        prompt = tokenizer.encode(tokenizer.apply_chat_template(message, True))
-        end = _end_of_turn_id(tokenizer)
-        out = sample(
+        tokenizer.apply_chat_template([{"role": "user", "content": "?"}], True)
+    except (FileNotFoundError, ValueError) as error:
+        raise _CommandError(str(error)) from error
+    interactive = args.message is None and sys.stdin.isatty()
+    if args.message is None and interactive:
+        print("dew: type a message; an empty line, `exit` or Ctrl-D ends", file=sys.stderr)
+    turns = iter([args.message]) if args.message is not None else _turns(interactive)
+    messages: list[dict[str, str]] = []
+    for number, text in enumerate(turns):
+        messages.append({"role": "user", "content": text})
+        pieces = chat_reply(
             policy,
-            jnp.asarray([prompt]),
-            jnp.asarray([len(prompt)]),
-            jax.random.key(args.seed),
+            tokenizer,
+            messages,
+            jax.random.fold_in(jax.random.key(args.seed), number),
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
-            eos_id=end,
-            pad_id=tokenizer.pad_token_id,
         )
-    except ValueError as error:
-        raise _CommandError(str(error)) from error
-    answer = np.asarray(out.tokens[0])[np.asarray(out.completion_mask[0])].tolist()
-    print(tokenizer.decode(answer[:-1] if answer and answer[-1] == end else answer))
+        answer = []
+        try:
+            for piece in pieces:
+                answer.append(piece)
+                print(piece, end="", flush=True)
+        except ValueError as error:
+            raise _CommandError(str(error)) from error
+        print(flush=True)
+        messages.append({"role": "assistant", "content": "".join(answer)})
     return 0
 
 
@@ -773,6 +839,19 @@ def _command_runs(argv: list[str]) -> int:
     return 0
 
 
+def _turns(prompted: bool):
+    """The user's messages from stdin, one a line, until end of input, an empty line or `exit`."""
+    while True:
+        if prompted:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        text = line.strip()
+        if not line or text in ("exit", "quit") or (prompted and not text):
+            return
+        if text:
+            yield text
+
+
 def _launch_parser() -> argparse.ArgumentParser:
     """The parser of `dew launch`."""
     parser = _Parser(
@@ -840,7 +919,7 @@ def _build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "eval", help="evaluate a run or a model on a task's held-out examples", add_help=False
     )
-    commands.add_parser("chat", help="answer one message with a chat model", add_help=False)
+    commands.add_parser("chat", help="talk with a chat model", add_help=False)
     commands.add_parser(
         "export", help="write a run's policy as a Hugging Face model folder", add_help=False
     )
@@ -918,8 +997,8 @@ def main(argv: list[str] | None = None) -> int:
     except _CommandError as error:
         print(f"dew: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("dew: interrupted; the last checkpoint is kept", file=sys.stderr)
+    except KeyboardInterrupt:  # `dew train` says itself what a stopped run kept
+        print("dew: interrupted", file=sys.stderr)
         return 130
     finally:
         if main_thread:

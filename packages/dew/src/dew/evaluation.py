@@ -9,7 +9,7 @@ when it has one, else the completion's text) and asks whether it is a correct on
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -75,13 +75,15 @@ def evaluate(
     temperature: float,
     key: jax.Array,
     kv_cache: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """The evaluation metrics of the policy on up to `prompts` held-out examples, `k` samples each.
 
     Keys: `eval/reward` (the mean weighted reward), `eval/pass@1`, `eval/pass@k` (with k's
     value, e.g. `eval/pass@4`), `eval/maj@k`, `eval/completion_tokens`, `eval/prompts`.
     Held-out prompts over the prompter's width are left out. At `temperature` 0 the `k`
-    completions are one greedy completion repeated.
+    completions are one greedy completion repeated. `progress`, when given, is told each phase
+    as it starts (sampling, scoring), as one line of text.
 
     Examples:
       >>> from dew.models.llama import build
@@ -98,6 +100,11 @@ def evaluate(
     examples = [e for e in prompter.task.heldout(prompts) if prompter.count(e) <= prompter.width]
     if not examples:
         raise ValueError(f"task {prompter.task.name!r} has no held-out examples to evaluate on")
+    tell = progress or (lambda text: None)
+    tell(
+        f"sampling {len(examples) * k} completions ({len(examples)} held-out prompts x {k}, up "
+        f"to {prompter.max_new_tokens} tokens each; the first call compiles the sampler)"
+    )
     sampled = rollout(
         graphdef,
         params,
@@ -108,6 +115,7 @@ def evaluate(
         temperature=temperature,
         kv_cache=kv_cache,
     )
+    tell(f"scored {len(sampled.rewards)} completions")
     first = sampled.reward_parts[prompter.rewards[0].name]
     correct = (np.nan_to_num(first, nan=0.0) >= 1.0).reshape(-1, k)
     extract = _extractor(prompter)

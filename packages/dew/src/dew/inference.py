@@ -1,22 +1,29 @@
 """A trained run loaded back: its policy at the latest checkpoint, its task, samples from it.
 
-`export_run` writes a run's policy (LoRA adapters merged) as a Hugging Face folder.
+`export_run` writes a run's policy (LoRA adapters merged) as a Hugging Face folder, its
+tokenizer beside the weights. A run folder is also a model wherever one is taken
+(`--model runs/x`): `dew.models.registry.resolve_model` gives a `_RunModel` for it.
 """
 
 import dataclasses
+import functools
+import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dew.models.llama import ModelConfig, build
-from dew.models.lora import add_lora, trainable
+from dew.models.llama import ModelConfig, Policy, build
+from dew.models.lora import add_lora, merge_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.rollout import Prompter, rollout
 from dew.tasks import Task
+from dew.tokenizers import DigitTokenizer, HFTokenizer, Tokenizer
 from dew.train._precision import cast_floating
 from dew.train.checkpoint import Checkpoints
 from dew.train.config import TrainConfig, _make_prompter, _resolve_task
@@ -24,6 +31,7 @@ from dew.train.runlog import read_config
 
 __all__ = [
     "Run",
+    "chat_reply",
     "export_run",
     "load_run",
     "model_run",
@@ -31,7 +39,12 @@ __all__ = [
 ]
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 """The tokenizer files `export_run` copies from a checkpoint-folder model."""
 
 
@@ -62,8 +75,9 @@ def load_run(
 
     The task and prompt options are the run's, or `config`'s when given.
 
-    `FileNotFoundError` when the folder is not a run or holds no intact checkpoint; a damaged
-    newest checkpoint is moved aside with a one-line warning and the one before it is used.
+    `FileNotFoundError` when the folder is not a run, holds no intact checkpoint, or the model
+    the run was trained on is gone; a damaged newest checkpoint is moved aside with a one-line
+    warning and the one before it is used.
 
     Examples:
       >>> import shutil, tempfile
@@ -76,11 +90,34 @@ def load_run(
       (1, 'reverse', 'sft')
       >>> shutil.rmtree(out)
     """
-    run_dir, given = Path(run_dir), config
-    config = read_config(run_dir)
-    source = resolve_model(config["model"])
-    prompter = _prompter(given or TrainConfig.from_record(config), source.tokenizer())
-    graphdef, params, frozen = _policy_parts(config, source)
+    run_dir = Path(run_dir)
+    record = read_config(run_dir)
+    source = _trained_on(run_dir, record)
+    prompter = _prompter(config or TrainConfig.from_record(record), source.tokenizer())
+    graphdef, params, step = _restored(run_dir, record, source, step)
+    return Run(graphdef, params, prompter, record, step)
+
+
+def _trained_on(run_dir: Path, record: dict[str, Any]) -> ModelSource:
+    """The model a recorded run was trained on; `FileNotFoundError` naming the run when gone."""
+    try:
+        return resolve_model(record["model"])
+    except ValueError as error:
+        raise FileNotFoundError(
+            f"{run_dir} was trained on --model {record['model']!r}, which is not there now "
+            f"({error})"
+        ) from None
+
+
+def _restored(run_dir: Path, record: dict[str, Any], source: ModelSource, step: int | None):
+    """`(graphdef, params, step)` of the run's policy at checkpoint `step` (default: the newest).
+
+    Reads the weights alone: neither the task nor the reward functions are loaded. A folder
+    without `checkpoints/` is refused, not given an empty one.
+    """
+    if not (run_dir / "checkpoints").is_dir():
+        raise FileNotFoundError(f"{run_dir} holds no checkpoint (no checkpoints/ folder)")
+    graphdef, params, frozen = _policy_parts(record, source)
     checkpoints = Checkpoints(run_dir / "checkpoints")
     template = {"params": params}
     try:
@@ -93,7 +130,30 @@ def load_run(
     finally:
         checkpoints.close()
     params = nnx.to_pure_dict(nnx.merge_state(restored["params"], frozen))
-    return Run(graphdef, params, prompter, config, step)
+    return graphdef, params, step
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunModel(ModelSource):
+    """A run folder as a model: its newest checkpoint's policy, the base model's tokenizer.
+
+    The policy has its LoRA adapters merged.
+    """
+
+    def policy(self, seed: int = 0, *, value_head: bool = False) -> Policy:
+        run_dir = Path(self.path)
+        record = read_config(run_dir)
+        graphdef, params, _ = _restored(run_dir, record, _trained_on(run_dir, record), None)
+        policy = merge_lora(nnx.merge(graphdef, params))
+        if value_head and not policy.config.value_head:
+            from dew import hf
+
+            return hf.with_value_head(policy, seed)
+        return policy
+
+    def tokenizer(self) -> Tokenizer:
+        run_dir = Path(self.path)
+        return _trained_on(run_dir, read_config(run_dir)).tokenizer()
 
 
 def _policy_parts(config: dict[str, Any], source: ModelSource):
@@ -117,41 +177,111 @@ def _policy_parts(config: dict[str, Any], source: ModelSource):
     return graphdef, cast_floating(nnx.to_pure_dict(params), "float32"), frozen
 
 
-def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Run:
+def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> int:
     """Write the policy of `run_dir` (at `step`, default the newest) as a Hugging Face folder.
 
-    LoRA adapters are merged into the kernels (`dew.hf.save_policy`); the tokenizer files of a
-    checkpoint-folder model are copied beside the weights. `dew.hf.load_policy` and transformers
-    load the folder. The `Run` exported is returned.
+    LoRA adapters are merged into the kernels (`dew.hf.save_policy`), and the tokenizer is
+    written beside the weights: a checkpoint-folder model's files are copied, any other's
+    (a GGUF file's, the digit vocabulary of a built-in size) are written as `tokenizer.json` and
+    `tokenizer_config.json` (special tokens, chat template). `dew.hf.load_policy`, `--model OUT`
+    and transformers load the folder. Only the weights are read: the run's task and reward
+    functions need not be importable. The step exported is returned.
 
     Examples:
       >>> import shutil, tempfile
       >>> import jax.numpy as jnp
-      >>> from dew.hf import load_policy
+      >>> from dew.hf import load_policy, load_tokenizer
       >>> from dew.train import TrainConfig
       >>> from dew.train.trainer import Trainer
       >>> run_dir, out = tempfile.mkdtemp(), tempfile.mkdtemp()
       >>> config = TrainConfig(objective="sft", model="tiny").replace(
       ...     steps=1, prompts=2, lora_rank=2, out=run_dir)
       >>> _ = Trainer(config, quiet=True).run()
-      >>> run = export_run(run_dir, out)
+      >>> export_run(run_dir, out)
+      1
       >>> policy, tokens = load_policy(out), jnp.array([[1, 5, 6]])
+      >>> run = load_run(run_dir)
       >>> trained = nnx.merge(run.graphdef, run.params)
       >>> bool(jnp.allclose(policy(tokens), trained(tokens), atol=1e-5))
       True
+      >>> load_tokenizer(out).decode([1, 5, 6])
+      '^01'
       >>> shutil.rmtree(run_dir), shutil.rmtree(out)
       (None, None)
     """
     from dew import hf  # the checkpoint formats' libraries load only when exporting
 
-    run = load_run(run_dir, step)
-    hf.save_policy(nnx.merge(run.graphdef, run.params), out)
-    source = resolve_model(run.config["model"]).path
-    if source is not None and source.is_dir():
+    run_dir, out = Path(run_dir), Path(out)
+    record = read_config(run_dir)
+    source = _trained_on(run_dir, record)
+    graphdef, params, step = _restored(run_dir, record, source, step)
+    hf.save_policy(nnx.merge(graphdef, params), out)
+    folder = source.path
+    if folder is not None and (folder / "tokenizer.json").is_file():
         for name in _TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copyfile(source / name, Path(out) / name)
-    return run
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, out / name)
+    else:
+        _write_tokenizer(source.tokenizer(), out)
+    return step
+
+
+def _write_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
+    """Write `tokenizer` in `folder` as transformers reads it; returns nothing.
+
+    `tokenizer.json`, `tokenizer_config.json` (its special tokens and chat template) and
+    `special_tokens_map.json`.
+
+    The digit vocabulary is written as a word-level tokenizer of one symbol per character, which
+    `dew.hf.load_tokenizer` reads back to the same ids.
+
+    Examples:
+      >>> import tempfile
+      >>> from dew.hf import load_tokenizer
+      >>> from dew.tokenizers import DIGITS
+      >>> folder = Path(tempfile.mkdtemp())
+      >>> _write_tokenizer(DIGITS, folder)
+      >>> again = load_tokenizer(folder)
+      >>> again.encode("^12>"), again.decode([1, 6, 7, 3, 8, 2]), again.vocab_size
+      ([1, 6, 7, 3], '^12>3$', 15)
+    """
+    if isinstance(tokenizer, HFTokenizer):
+        fast, special, template = tokenizer.tokenizer, tokenizer.special, tokenizer.chat_template
+    elif isinstance(tokenizer, DigitTokenizer):
+        fast, special, template = _digit_tokenizer(tokenizer), _digit_special(tokenizer), None
+    else:
+        raise ValueError(f"cannot write a {type(tokenizer).__name__} as tokenizer.json")
+    fast.save(str(folder / "tokenizer.json"))
+    special = {name: text for name, text in special.items() if text is not None}
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", **special}
+    if template is not None:
+        settings["chat_template"] = template
+    for name, content in (
+        ("tokenizer_config.json", settings),
+        ("special_tokens_map.json", special),
+    ):
+        (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
+
+
+def _digit_tokenizer(digits: DigitTokenizer):
+    """The digit vocabulary as a `tokenizers.Tokenizer`: each character one word, joined back."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {symbol: index for index, symbol in enumerate(digits.symbols)}
+    fast = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token=None))
+    fast.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("."), "isolated")
+    fast.decoder = decoders.Fuse()
+    return fast
+
+
+def _digit_special(digits: DigitTokenizer) -> dict[str, str | None]:
+    """The digit vocabulary's special tokens by their transformers names."""
+    return {
+        "bos_token": "^" if "^" in digits.symbols else None,
+        "eos_token": digits.symbols[digits.eos_token_id],
+        "pad_token": digits.symbols[digits.pad_token_id],
+    }
 
 
 def model_run(model: str, config: TrainConfig | None = None, seed: int = 0) -> Run:
@@ -211,3 +341,90 @@ def sample_run(run: Run, n: int, temperature: float = 0.0, seed: int = 0) -> lis
             examples, sampled.tokens, sampled.completion_mask, sampled.rewards, strict=True
         )
     ]
+
+
+_CHAT_SLOTS = 256
+"""`chat_reply` sizes its KV cache in multiples of this many positions, so a conversation's turns
+reuse a few compiled programs instead of compiling one per prompt length."""
+
+
+def chat_reply(
+    policy: Policy,
+    tokenizer: Tokenizer,
+    messages: list[dict[str, str]],
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+) -> Iterator[str]:
+    """The assistant's answer to `messages`, as pieces of text in the order they are decoded.
+
+    The messages are rendered with the tokenizer's chat template (generation prompt added) and
+    the answer decoded until the template's end-of-turn token, which is not yielded. Unlike
+    `dew.sampling.sample`, whose decoding loop runs inside one compiled program, each token is
+    drawn by one compiled step called from Python, so it can be shown as soon as it is drawn; a
+    piece is yielded once its bytes decode whole (a character split over tokens waits for the
+    rest). Token `i` of the answer is drawn with `fold_in(key, P + i)`, `P` the prompt's
+    length, the key `sample` gives it.
+
+    `ValueError` when the prompt plus `max_new_tokens` exceeds the model's context.
+
+    Examples:
+      >>> from dew.hf import load_policy, load_tokenizer
+      >>> folder = "tests/core/hf/qwen2-chat"
+      >>> pieces = chat_reply(load_policy(folder), load_tokenizer(folder),
+      ...                     [{"role": "user", "content": "hi"}], jax.random.key(0),
+      ...                     max_new_tokens=3)
+      >>> isinstance("".join(pieces), str)
+      True
+    """
+    from dew.sampling import _choose
+    from dew.tokenizers import _end_of_turn_id
+
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True))
+    end, context = _end_of_turn_id(tokenizer), policy.config.max_position_embeddings
+    if len(prompt) + max_new_tokens > context:
+        raise ValueError(
+            f"the conversation ({len(prompt)} tokens) plus --max-new-tokens {max_new_tokens} "
+            f"exceeds the model's context of {context} positions"
+        )
+    slots = min(-(-(len(prompt) + max_new_tokens) // _CHAT_SLOTS) * _CHAT_SLOTS, context)
+    graphdef, params = nnx.split(policy)
+    width = min(-(-len(prompt) // _CHAT_SLOTS) * _CHAT_SLOTS, slots)
+    padded = np.full((1, width), tokenizer.pad_token_id, np.int32)
+    padded[0, : len(prompt)] = prompt
+    logits, cache = _chat_prefill(graphdef, params, padded, len(prompt) - 1, slots)
+    answer, shown = [], ""
+    for i in range(max_new_tokens):
+        position = len(prompt) + i
+        token, _ = _choose(logits[None], jax.random.fold_in(key, position), temperature, 1.0)
+        token = int(token[0])
+        if token == end:
+            break
+        answer.append(token)
+        text = tokenizer.decode(answer)
+        if not text.endswith("\ufffd"):
+            yield text[len(shown) :]
+            shown = text
+        if i + 1 < max_new_tokens:
+            logits, cache = _chat_decode(graphdef, params, token, position, cache)
+    text = tokenizer.decode(answer)
+    if text != shown:
+        yield text[len(shown) :]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _chat_prefill(graphdef: nnx.GraphDef, params, tokens: jax.Array, last: jax.Array, slots: int):
+    """The logits `[V]` after a chat prompt (its last position `last`) and the filled cache."""
+    model = nnx.merge(graphdef, params)
+    logits, cache = model.prefill(tokens, model.init_cache(1, slots))
+    return logits[0, last], cache
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
+def _chat_decode(graphdef: nnx.GraphDef, params, token: jax.Array, position: jax.Array, cache):
+    """The logits `[V]` after `token` at `position`, and the cache with it written."""
+    model = nnx.merge(graphdef, params)
+    tokens, positions = jnp.reshape(token, (1, 1)), jnp.reshape(position, (1,))
+    logits, cache = model.decode(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache)
+    return logits[0, 0], cache

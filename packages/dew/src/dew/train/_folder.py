@@ -31,9 +31,11 @@ LOCK = ".lock"
 MAY_CHANGE_ON_RESUME = (
     "steps",
     "checkpoint_every",
+    "checkpoint_minutes",
     "logit_chunk",
     "remat",
     "pack",
+    "memory_check",
     "eval_every",
     "eval_prompts",
     "eval_k",

@@ -10,6 +10,7 @@ built-in ones: `MetricsLog` (`metrics.jsonl`), `Progress` (the live display), `C
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,9 @@ class Progress(Callback):
     def __init__(self, total: int, start: int, console: Console | None, quiet: bool):
         self.display = _Display(total, start, console, quiet)
 
+    def on_start(self, trainer: "Trainer") -> None:
+        self.display.begin()
+
     def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
         self.display.update(row)
 
@@ -94,15 +98,25 @@ class Progress(Callback):
 
 
 class Checkpointing(Callback):
-    """Saves the trainer's state every `every` steps and at the last step."""
+    """Saves the trainer's state every `every` steps, at the last step, and by the clock.
 
-    def __init__(self, every: int):
-        self.every = every
+    By the clock: at the first step that ends `minutes` or more after the last save or the
+    start (0: by steps only).
+    """
+
+    def __init__(self, every: int, minutes: float = 0.0):
+        self.every, self.minutes = every, minutes
+        self.saved_at = time.monotonic()
+
+    def on_start(self, trainer: "Trainer") -> None:
+        self.saved_at = time.monotonic()
 
     def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
         step = row["step"]
-        if step % self.every == 0 or step == trainer.config.run.steps:
+        due = self.minutes and time.monotonic() - self.saved_at >= 60 * self.minutes
+        if step % self.every == 0 or step == trainer.config.run.steps or due:
             trainer.save()
+            self.saved_at = time.monotonic()
 
 
 class RewardPlot(Callback):

@@ -61,6 +61,8 @@ class RunOptions:
       report_to: experiment trackers that also get the run's metrics, config and samples,
         comma-separated: any of tensorboard, wandb, mlflow, trackio (each the extra
         dew[NAME]; default: none).
+      checkpoint_minutes: also checkpoint a step that ends N minutes or more after the last
+        checkpoint (or the start), so a fault loses minutes, not the run (0: by steps only).
     """
 
     steps: int = option(250, AT_LEAST_ONE)
@@ -69,6 +71,7 @@ class RunOptions:
     resume: bool = False
     checkpoint_every: int = option(50, AT_LEAST_ONE)
     report_to: str | None = None
+    checkpoint_minutes: float = option(0.0, Range(0, 24 * 60))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,11 +205,14 @@ class MemoryOptions:
       pack: run the policy on the sampled chains (prompt + completion) packed end to end into
         as few rows as hold them, segment ids keeping them apart, instead of one padded row
         each; the loss sees them unpacked.
+      memory_check: before anything is written, estimate the memory the run will need (from
+        the model, batch, lengths and these options) and refuse a run that would not fit.
     """
 
     logit_chunk: int = option(0, NON_NEGATIVE)
     remat: bool = False
     pack: bool = False
+    memory_check: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,6 +366,7 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {
     "lr": 5e-6,
     "updates_per_rollout": 1,
     "samples_every": 5,
+    "checkpoint_minutes": 5.0,
 }
 """The defaults `dew train` takes instead when `--model` is a checkpoint (not a built-in size):
 a pretrained model wants a learning rate a thousand times smaller than a fresh one, and a step

@@ -142,18 +142,48 @@ class _MetricsFile:
             out.write(json.dumps({key: _clean(value) for key, value in row.items()}) + "\n")
 
 
+def _pace(seconds: list[float], left: int) -> str:
+    """A run's pace from its steps' `seconds`: steps/s, or s/step when slower than one a second,
+    and the time the `left` steps will take at the mean of the steps after the first (which
+    compiles), or of the first alone.
+
+    Examples:
+      >>> _pace([40.0, 12.0, 14.0], 27), _pace([0.5, 0.2], 10)
+      ('13.0 s/step, ETA 5m51s', '5.00 steps/s, ETA 2s')
+    """
+    steady = seconds[1:] or seconds
+    mean = sum(steady) / len(steady)
+    rate = f"{mean:.1f} s/step" if mean >= 1.0 else f"{1.0 / mean:.2f} steps/s"
+    return f"{rate}, ETA {_duration(mean * left)}"
+
+
+def _duration(seconds: float) -> str:
+    """`seconds` as `1h02m`, `5m51s` or `7s`."""
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+_FIRST_STEP = "compiling the sampler and the update: the first step takes longest"
+
+
 class _Display:
-    """A rich progress bar (step, reward, steps/s) on a terminal; plain lines otherwise.
+    """A rich progress bar (step, reward, pace and ETA) on a terminal; plain lines otherwise.
 
     Without a terminal (a log file, CI) a line is printed every twentieth of the run and at least
-    every `_PRINT_EVERY_S` seconds, so a long run is never silent for long.
+    every `_PRINT_EVERY_S` seconds, so a long run is never silent for long. Until the first step
+    is done, the bar (or a line) says it is compiling.
     """
 
     def __init__(self, total: int, start: int, console: Console | None = None, quiet: bool = False):
         self.console = console or Console(file=sys.stdout)
-        self.total, self.quiet = total, quiet
+        self.total, self.quiet, self.start = total, quiet, start
         self.every = max(1, total // 20)
         self.printed = time.monotonic()
+        self.seconds: list[float] = []
         self.progress = None
         if not quiet and self.console.is_terminal:
             self.progress = Progress(
@@ -161,19 +191,26 @@ class _Display:
                 BarColumn(),
                 TextColumn("reward {task.fields[reward]:.3f}"),
                 TextColumn("loss {task.fields[loss]:.4f}"),
-                TextColumn("{task.fields[rate]:.2f} steps/s"),
+                TextColumn("{task.fields[pace]}"),
                 TimeElapsedColumn(),
                 console=self.console,
             )
             self.task = self.progress.add_task(
-                "train", total=total, completed=start, reward=0.0, loss=0.0, rate=0.0
+                "train", total=total, completed=start, reward=0.0, loss=0.0, pace=_FIRST_STEP
             )
             self.progress.start()
+
+    def begin(self) -> None:
+        """Say, without a terminal, that the first step compiles (the bar says it itself)."""
+        if not self.quiet and self.progress is None:
+            self.console.print(f"step {self.start}/{self.total}  {_FIRST_STEP}", highlight=False)
 
     def update(self, row: dict[str, Any]) -> None:
         """Show the metrics of the step just finished, and its evaluation when it has one."""
         if self.quiet:
             return
+        self.seconds.append(1.0 / row["steps_per_s"])
+        pace = _pace(self.seconds, self.total - row["step"])
         evaluated = {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith("eval/")}
         if evaluated:
             shown = "  ".join(
@@ -186,7 +223,7 @@ class _Display:
                 completed=row["step"],
                 reward=row["reward"],
                 loss=row["loss"],
-                rate=row["steps_per_s"],
+                pace=pace,
             )
         elif (
             row["step"] % self.every == 0
@@ -196,8 +233,7 @@ class _Display:
             self.printed = time.monotonic()
             self.console.print(
                 f"step {row['step']}/{self.total}  reward {row['reward']:.3f}  "
-                f"loss {row['loss']:.4f}  {row['steps_per_s']:.2f} steps/s  "
-                f"{row['time']:.1f}s",
+                f"loss {row['loss']:.4f}  {pace}  {row['time']:.1f}s",
                 highlight=False,
             )
 

@@ -38,6 +38,7 @@ from dew.tasks import Task
 from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
 from dew.train._heap import release_freed, settle, unsettle
+from dew.train._memory import check_memory
 from dew.train._precision import cast_floating
 from dew.train.callbacks import (
     Callback,
@@ -168,6 +169,10 @@ class Trainer:
         self.objective, self.task = _resolve(config, objective, task)
         self.prompter = _make_prompter(config, self.task, source.tokenizer())
         validate(config, self.objective)
+        devices = config.mesh.devices or len(jax.devices())
+        width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
+        rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
+        check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
         check_folder(self.run_dir, config.run.resume)
@@ -191,7 +196,7 @@ class Trainer:
         built_in: list[Callback] = [
             self.log,
             Progress(config.run.steps, self.step, console, quiet),
-            Checkpointing(config.run.checkpoint_every),
+            Checkpointing(config.run.checkpoint_every, config.run.checkpoint_minutes),
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
             *_reporting(config.run.report_to, self.run_dir, config.evaluation.samples_every),
