@@ -84,7 +84,9 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.rollout.generate": {"DrawnRollout", "draw_rollout"},
     "dew.rollout.prompter": {"Prompts"},
     "dew.rollout.sources": {"StepRollout"},
-    "dew.sampling": {"Samples", "sample_state"},
+    "dew.sampling": {
+        "SamplerState", "Samples", "continue_state", "extend_state", "prefill_state", "sample_state",
+    },
     "dew.tasks": {"ENTRY_POINT_GROUP", "Add", "Arithmetic", "Copy", "Reverse", "Sort",
                   "position_credit"},
     "dew.tasks.arithmetic": {"LEVELS", "Arithmetic"},

@@ -672,7 +672,7 @@ def _command_chat(argv: list[str]) -> int:
             jax.random.key(args.seed),
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
-            eos_id=end,
+            stop_ids=(end,),
             pad_id=tokenizer.pad_token_id,
         )
     except ValueError as error:

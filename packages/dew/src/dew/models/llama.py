@@ -495,6 +495,25 @@ class Policy(nnx.Module):
             )
         return self._cached(tokens, positions[:, None], cache)
 
+    def extend(
+        self, tokens: jax.Array, positions: jax.Array, cache: Cache
+    ) -> tuple[jax.Array, Cache]:
+        """Logits `[B, S, V]` of new tokens `[B, S]` at `positions` `[B, S]`; the cache.
+
+        Each token is written to its position's slot and attends to the slots up to its own,
+        those filled before and this call's earlier tokens, in one pass: `decode` is the `S = 1`
+        case. A position at or past the cache's last slot is written nowhere (JAX drops
+        out-of-bounds updates), so a row with fewer real tokens pads its positions with the
+        cache's length; the logits there mean nothing.
+        """
+        check_tokens(tokens, "tokens")
+        if tokens.ndim != 2 or positions.shape != tokens.shape:
+            raise ValueError(
+                f"extend takes tokens [B, S] and positions [B, S], got {tokens.shape} and "
+                f"{positions.shape}"
+            )
+        return self._cached(tokens, positions, cache)
+
     def _cached(self, tokens, positions, cache):
         """Logits of `tokens` at `positions` `[B, S]`, attending to the cache's earlier slots."""
         slots = jnp.arange(cache[0][0].shape[1])

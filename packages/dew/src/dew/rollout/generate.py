@@ -228,7 +228,7 @@ def draw_rollout(
         max_new_tokens=prompter.max_new_tokens,
         temperature=float(temperature),
         top_p=float(top_p),
-        eos_id=prompter.stop_id,
+        stop_ids=(prompter.stop_id,),
         pad_id=prompter.pad_id,
         kv_cache=kv_cache,
         group=group,
