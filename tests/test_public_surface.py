@@ -85,7 +85,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.rollout.prompter": {"Prompts"},
     "dew.rollout.sources": {"StepRollout"},
     "dew.sampling": {
-        "SamplerState", "Samples", "continue_state", "extend_state", "prefill_state", "sample_state",
+        "SamplerState", "Samples", "continue_state", "extend_state", "prefill_state",
+        "sample_state",
     },
     "dew.tasks": {"ENTRY_POINT_GROUP", "Add", "Arithmetic", "Copy", "Reverse", "Sort",
                   "position_credit"},

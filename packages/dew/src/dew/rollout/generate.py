@@ -107,6 +107,9 @@ class Rollout(NamedTuple):
       reward_parts: each reward function's `[B]` scores, NaN where it could not judge.
       sample_s: seconds the sampler took, transfer to the host included.
       reward_weights: each reward function's weight, in `reward_parts` order.
+      attention_mask: NumPy copy of the batch's `attention_mask` (None for single turns).
+      episodes: each row's episode (`dew.rollout.episode.Episode`: its conversation, turns and
+        tool calls) when the rollout is one of episodes, else None.
     """
 
     batch: Batch
@@ -119,6 +122,8 @@ class Rollout(NamedTuple):
     reward_parts: dict[str, np.ndarray]
     sample_s: float
     reward_weights: tuple[float, ...] = ()
+    attention_mask: np.ndarray | None = None
+    episodes: list | None = None
 
 
 class DrawnRollout(NamedTuple):
