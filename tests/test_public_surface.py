@@ -80,8 +80,11 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "ANSWER_TAGS", "ENTRY_POINT_GROUP", "available_rewards", "equivalent", "final_answer",
         "format", "score_texts",
     },
-    "dew.rollout": {"Prompts", "StepRollout"},
-    "dew.rollout.generate": {"DrawnRollout", "draw_rollout"},
+    "dew.rollout": {"Prompts", "Rollouts", "SingleTurn", "StepRollout"},
+    "dew.rollout.generate": {"Drawn", "DrawnRollout", "Rollouts", "SingleTurn", "draw_rollout"},
+    "dew.rollout.episode": {
+        "Environment", "Episode", "EpisodeLimits", "Episodes", "episode_metrics",
+    },
     "dew.rollout.prompter": {"Prompts"},
     "dew.rollout.sources": {"StepRollout"},
     "dew.sampling": {
@@ -95,7 +98,10 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.tasks.digits": {"Add", "Copy", "Reverse", "Sort", "answer_credit", "position_credit"},
     "dew.tokenizers": {"DIGITS", "DigitTokenizer", "HFTokenizer"},
     "dew.train": set(),
-    "dew.train.callbacks": {"Checkpointing", "MetricsLog", "Progress", "RewardPlot", "SampleLog"},
+    "dew.train.callbacks": {
+        "Checkpointing", "MetricsLog", "Progress", "RewardPlot", "SampleLog", "StepRecord",
+        "TrainingRun",
+    },
     "dew.train.checkpoint": {"Checkpoints"},
     "dew.train.config": {
         "CHECKPOINT_DEFAULTS", "EvalOptions", "LoRAOptions", "MemoryOptions", "MeshOptions",

@@ -15,7 +15,8 @@ from flax import nnx
 from dew.models.llama import ModelConfig, build
 from dew.models.lora import add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
-from dew.rollout import Prompter, rollout
+from dew.rollout import Prompter
+from dew.rollout.generate import Rollouts, SingleTurn
 from dew.tasks import Task
 from dew.train._precision import cast_floating
 from dew.train.checkpoint import Checkpoints
@@ -174,10 +175,14 @@ def model_run(model: str, config: TrainConfig | None = None, seed: int = 0) -> R
     return Run(graphdef, params, prompter, {"model": model, "task": prompter.task.name}, 0)
 
 
-def sample_run(run: Run, n: int, temperature: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+def sample_run(
+    run: Run, n: int, temperature: float = 0.0, seed: int = 0, rollouts: Rollouts | None = None
+) -> list[dict[str, Any]]:
     """`n` held-out prompts with the policy's completions: `prompt`, `completion`, `reward`.
 
-    Greedy at `temperature` 0; the completion is its text up to the stop token.
+    Greedy at `temperature` 0; the completion is its text up to the stop token. `rollouts` says
+    how prompts become scored rollouts (one turn by default); an episode's sample also holds
+    its `messages`, the whole conversation.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -192,22 +197,25 @@ def sample_run(run: Run, n: int, temperature: float = 0.0, seed: int = 0) -> lis
     examples = prompter.task.heldout(n)
     if temperature > 0:
         examples = prompter.task.examples(np.random.default_rng([seed, 0xD15C]), n)
-    sampled = rollout(
-        run.graphdef,
-        run.params,
-        prompter,
-        prompter.encode_all(examples),
-        1,
-        jax.random.key(seed),
-        temperature=temperature,
+    sampled = (
+        (rollouts or SingleTurn())
+        .draw(
+            run.graphdef,
+            run.params,
+            prompter,
+            prompter.encode_all(examples),
+            1,
+            jax.random.key(seed),
+            temperature=temperature,
+        )
+        .scored()
     )
-    return [
-        {
-            "prompt": example["prompt"],
-            "completion": prompter.completion_text(ids[mask].tolist())[0],
-            "reward": float(reward),
-        }
-        for example, ids, mask, reward in zip(
-            examples, sampled.tokens, sampled.completion_mask, sampled.rewards, strict=True
+    samples = [
+        {"prompt": example["prompt"], "completion": text, "reward": float(reward)}
+        for example, text, reward in zip(
+            examples, sampled.texts(prompter), sampled.rewards, strict=True
         )
     ]
+    for sample, episode in zip(samples, sampled.episodes or (), strict=False):
+        sample["messages"] = episode.messages
+    return samples
