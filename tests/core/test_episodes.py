@@ -356,3 +356,24 @@ def test_the_real_sampler_plays_an_environment(tokenizer):
     np.testing.assert_allclose(batch.behavior_log_probs, recomputed, atol=1e-4)
     context = rolled.attention_mask & ~rolled.completion_mask & ~rolled.prompt_mask
     assert (context.sum(1) > 0).all() and batch.reward_weights == (1.0, 1.0)
+
+
+def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path):
+    from dew.tasks.guess import Guess, NumberGuess
+    from dew.train import TrainConfig
+    from dew.train.trainer import Trainer
+
+    config = TrainConfig(objective="grpo", model="tiny").replace(
+        steps=2, prompts=2, group=4, out=str(tmp_path), samples_every=1, eval_every=2,
+        eval_prompts=8, eval_k=1,
+    )  # fmt: skip
+    limits = EpisodeLimits(max_turns=3, max_episode_tokens=12)
+    episodes = Episodes(environment=NumberGuess, limits=limits)
+    trainer = Trainer(config, task=Guess(), rollouts=episodes, quiet=True)
+    history = trainer.run()
+    first = history[0]
+    assert 1.0 <= first["turns"] <= 3.0 and first["sampled_tokens"] >= first["turns"]
+    assert first["context_tokens"] >= 0 and np.isfinite(first["loss"])
+    assert {"tool_calls", "tool_s", "episode_caps", "eval/reward"} <= set(history[-1])
+    sample = json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["messages"][0] == {"role": "user", "content": "^>"}
