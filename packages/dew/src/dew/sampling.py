@@ -76,7 +76,8 @@ class SamplerState:
       behavior_log_probs: `[B, L]` each sampled token's log-probability under the distribution
         it was drawn from; 0 elsewhere.
       cache: the KV cache (`dew.models.llama.Cache`), `()` without one.
-      logits: `[B, V]` float32 next-token logits.
+      logits: `[B, V]` float32 next-token logits, what the next draw is drawn from after
+        `prefill_state` or `extend_state` (`continue_state` leaves them as they were).
       lengths: `[B]` int32 tokens each row holds.
       cached: `[B]` int32 positions the cache holds.
       limit: `[B]` int32 the most tokens a row may hold; a row that reaches it stops.
@@ -201,47 +202,60 @@ def _continued(
     model, state: SamplerState, key, *, max_new_tokens, temperature, top_p, stop_ids, pad_id,
     kv_cache,
 ) -> SamplerState:  # fmt: skip
-    """`state` with up to `max_new_tokens` drawn for each live row, until every row stops."""
-    rows = jnp.arange(state.tokens.shape[0])
+    """`state` with up to `max_new_tokens` drawn for each live row, until every row stops.
 
-    def draw(state):
-        """Write each live row's next token, drawn from `state.logits`, after its tokens."""
-        subkey = jax.random.fold_in(key, state.draws)
-        drawn, drawn_logp = _choose(state.logits, subkey, temperature, top_p)
-        live, at = ~state.done, state.lengths
-        lengths = state.lengths + live
-        stopped = _stops(drawn, stop_ids) | (lengths >= state.limit)
-        return dataclasses.replace(
-            state,
-            tokens=state.tokens.at[rows, at].set(jnp.where(live, drawn, pad_id)),
-            behavior_log_probs=state.behavior_log_probs.at[rows, at].set(
-                jnp.where(live, drawn_logp, 0.0)
-            ),
-            completion_mask=state.completion_mask.at[rows, at].set(live),
-            lengths=lengths,
-            done=state.done | (live & stopped),
-            draws=state.draws + 1,
-        )
+    The loop carries only what a step changes (the prompt mask, the limits and the logits a
+    step draws from stay out of it), as lean as the one-turn sampler was before it had a state.
+    """
+    rows = jnp.arange(state.tokens.shape[0])
+    limit = state.limit
+
+    def draw(logits, tokens, behavior, completion, lengths, done, draws):
+        """Write each live row's next token, drawn from `logits`, after its tokens."""
+        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, draws), temperature, top_p)
+        live = ~done
+        tokens = tokens.at[rows, lengths].set(jnp.where(live, drawn, pad_id))
+        behavior = behavior.at[rows, lengths].set(jnp.where(live, drawn_logp, 0.0))
+        completion = completion.at[rows, lengths].set(live)
+        lengths = lengths + live
+        done = done | (live & (_stops(drawn, stop_ids) | (lengths >= limit)))
+        return tokens, behavior, completion, lengths, done, draws + 1
 
     def step(carry):
         """Feed each row its latest token at its position, then draw the next."""
-        i, state = carry
-        previous = state.lengths - 1
+        i, tokens, behavior, completion, lengths, _, done, draws, cache = carry
+        previous = lengths - 1
         if kv_cache:
-            fed = state.tokens[rows, previous][:, None]
-            logits, cache = model.decode(fed, previous, state.cache)
+            logits, cache = model.decode(tokens[rows, previous][:, None], previous, cache)
             logits = logits[:, 0]
         else:
-            logits, cache = model(state.tokens)[rows, previous], ()
-        state = dataclasses.replace(state, logits=logits, cache=cache, cached=state.lengths)
-        return i + 1, draw(state)
+            logits = model(tokens)[rows, previous]
+        drawn = draw(logits, tokens, behavior, completion, lengths, done, draws)
+        return i + 1, *drawn[:4], lengths, *drawn[4:], cache
 
     def more(carry):
-        i, state = carry
-        return (i < max_new_tokens) & ~jnp.all(state.done)
+        i, *_, done, _, _ = carry
+        return (i < max_new_tokens) & ~jnp.all(done)
 
-    _, state = jax.lax.while_loop(more, step, (jnp.int32(1), draw(state)))
-    return dataclasses.replace(state, done=jnp.ones_like(state.done))  # the rest ran out
+    first = draw(
+        state.logits, state.tokens, state.behavior_log_probs, state.completion_mask,
+        state.lengths, state.done, state.draws,
+    )  # fmt: skip
+    carry = (jnp.int32(1), *first[:4], state.cached, *first[4:], state.cache)
+    _, tokens, behavior, completion, lengths, cached, _, draws, cache = jax.lax.while_loop(
+        more, step, carry
+    )
+    return dataclasses.replace(
+        state,
+        tokens=tokens,
+        behavior_log_probs=behavior,
+        completion_mask=completion,
+        cache=cache,
+        lengths=lengths,
+        cached=cached,
+        done=jnp.ones_like(state.done),  # every row stopped or ran out
+        draws=draws,
+    )
 
 
 def _extended(model, state: SamplerState, tokens, counts, *, kv_cache) -> SamplerState:
