@@ -359,17 +359,20 @@ def test_the_real_sampler_plays_an_environment(tokenizer):
 
 
 def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path):
-    from dew.tasks.guess import Guess, NumberGuess
-    from dew.train import TrainConfig
+    from dew.cli import _parse_train
     from dew.train.trainer import Trainer
 
-    config = TrainConfig(objective="grpo", model="tiny").replace(
-        steps=2, prompts=2, group=4, out=str(tmp_path), samples_every=1, eval_every=2,
-        eval_prompts=8, eval_k=1,
-    )  # fmt: skip
-    limits = EpisodeLimits(max_turns=3, max_episode_tokens=12)
-    episodes = Episodes(environment=NumberGuess, limits=limits)
-    trainer = Trainer(config, task=Guess(), rollouts=episodes, quiet=True)
+    config, _ = _parse_train(
+        [
+            *("--objective", "grpo", "--model", "tiny", "--task", "guess"),
+            *("--environment", "dew.tasks.guess:NumberGuess", "--max-turns", "3"),
+            *("--max-episode-tokens", "12", "--steps", "2", "--prompts", "2", "--group", "4"),
+            *("--eval-every", "2", "--eval-prompts", "2", "--eval-k", "4", "--samples-every", "1"),
+            *("--out", str(tmp_path)),
+        ]
+    )
+    trainer = Trainer(config, quiet=True)
+    assert isinstance(trainer.rollouts, Episodes) and trainer.rollouts.limits.max_turns == 3
     history = trainer.run()
     first = history[0]
     assert 1.0 <= first["turns"] <= 3.0 and first["sampled_tokens"] >= first["turns"]
@@ -377,3 +380,16 @@ def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path):
     assert {"tool_calls", "tool_s", "episode_caps", "eval/reward"} <= set(history[-1])
     sample = json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])
     assert sample["messages"][0] == {"role": "user", "content": "^>"}
+    record = json.loads((tmp_path / "config.json").read_text())
+    assert record["environment"] == "dew.tasks.guess:NumberGuess"
+
+
+def test_the_tool_and_environment_flags_are_read_and_checked():
+    from dew.cli import _parse_train
+    from dew.options import ConfigError
+    from dew.train.config import _make_rollouts
+
+    config, _ = _parse_train(["--tool", "a:b", "--tool", "c:d", "--max-calls-per-turn", "2"])
+    assert config.tools == ("a:b", "c:d") and config.episodes.max_calls_per_turn == 2
+    with pytest.raises(ConfigError, match=r"--environment 'dew\.tasks\.guess:Nope'"):
+        _make_rollouts(config.replace(tools=(), environment="dew.tasks.guess:Nope"))

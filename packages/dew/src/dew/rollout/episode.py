@@ -227,17 +227,16 @@ class Episodes:
     parser: Any = None
 
     def __post_init__(self):
-        from dew import tools as toolkit  # the tool machinery loads when episodes are made
-
-        self._toolkit = toolkit
-        if self.parser is None:
-            self.parser = toolkit.HermesParser()
         self._runner = None
-        self.schemas = [toolkit.json_schema(fn) for fn in self.tools] if self.tools else []
+        self.schemas = []
+        if self.tools:
+            toolkit = _toolkit()
+            self.parser = self.parser or toolkit.HermesParser()
+            self.schemas = [toolkit.json_schema(fn) for fn in self.tools]
 
     def _tool_runner(self):
         if self._runner is None and self.tools:
-            self._runner = self._toolkit.ToolRunner(self.tools, timeout=self.limits.tool_timeout)
+            self._runner = _toolkit().ToolRunner(self.tools, timeout=self.limits.tool_timeout)
         return self._runner
 
     def close(self) -> None:
@@ -395,7 +394,7 @@ class Episodes:
 
     def _tool_follow(self, prompter: Prompter, row: _Row, turn, calls, future) -> list[dict]:
         """The tool messages answering a turn's calls: results, truncated, and errors."""
-        toolkit, episode = self._toolkit, row.episode
+        toolkit, episode = _toolkit(), row.episode
         results = list(future.result()) if future is not None else []
         over = [
             toolkit.ToolResult(
@@ -442,7 +441,7 @@ class Episodes:
         closing = prompter.continuation(self._render(prompter, before, False))
         stops = set(_stop_ids(prompter))
         last = max((i for i, t in enumerate(closing) if t in stops), default=len(closing) - 1)
-        appended = self._toolkit.appended_tokens(
+        appended = _toolkit().appended_tokens(
             prompter.tokenizer, before, row.episode.messages, tools=self.schemas or None
         )
         return [*closing[last + 1 :], *appended]
@@ -513,6 +512,13 @@ class Episodes:
             episodes=episodes,
             metrics=metrics,
         )
+
+
+def _toolkit():
+    """`dew.tools`, loaded when an episode first needs it (tools, or a chat template's turns)."""
+    from dew import tools
+
+    return tools
 
 
 def _environment_reward(row: _Row, completion: str) -> float:

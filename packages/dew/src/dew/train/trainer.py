@@ -33,7 +33,7 @@ from dew.models.lora import _adapters_off, add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
 from dew.rollout import Prompter, Prompts, Rollout, StepRollout
-from dew.rollout.generate import Drawn, Rollouts, SingleTurn
+from dew.rollout.generate import Drawn, Rollouts
 from dew.tasks import Task
 from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
@@ -54,6 +54,7 @@ from dew.train.config import (
     RunOptions,
     TrainConfig,
     _make_prompter,
+    _make_rollouts,
     _resolve,
     validate,
 )
@@ -156,7 +157,6 @@ class Trainer:
         quiet: bool = False,
         rollouts: Rollouts | None = None,
     ):
-        self.rollouts: Rollouts = rollouts or SingleTurn()
         try:
             source: ModelSource = resolve_model(config.model)
         except ValueError as error:
@@ -164,6 +164,7 @@ class Trainer:
         self.objective, self.task = _resolve(config, objective, task)
         self.prompter = _make_prompter(config, self.task, source.tokenizer())
         validate(config, self.objective)
+        self.rollouts: Rollouts = rollouts or _make_rollouts(config)
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
         check_folder(self.run_dir, config.run.resume)
