@@ -91,7 +91,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "SamplerState", "Samples", "continue_state", "extend_state", "prefill_state",
         "sample_state",
     },
-    "dew.tasks.guess": {"Guess", "NumberGuess", "solved"},
+    "dew.tasks.guess": {"Guess", "NumberGuess", "one_digit_turns", "solved"},
     "dew.tasks": {"ENTRY_POINT_GROUP", "Add", "Arithmetic", "Copy", "Reverse", "Sort",
                   "position_credit"},
     "dew.tasks.arithmetic": {"LEVELS", "Arithmetic"},

@@ -2,9 +2,10 @@
 
 The secret is a digit. Each turn the model guesses one (a digit, then the stop token) and the
 environment (`NumberGuess`) answers `+` when the secret is higher, `>` when it is lower, and ends
-the episode when the guess is right. The reward (`solved`) is 1 when the episode's last guess is
-the secret. On the digit vocabulary a prompt is `^>`; without the feedback a guess is right one
-time in ten, and guessing at random for four turns finds the secret about one time in three
+the episode when the guess is right. The reward is `solved` (1 when the episode's last guess is
+the secret) plus 0.1 times `one_digit_turns` (the fraction of turns that are one digit alone).
+On the digit vocabulary a prompt is `^>`; without the feedback a guess is right one time in
+ten, and guessing at random for four turns finds the secret about one time in three
 (`1 - 0.9^4`), while halving the range each turn always finds it within four.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from dew.rewards import Reward
 
-__all__ = ["Guess", "NumberGuess", "solved"]
+__all__ = ["Guess", "NumberGuess", "one_digit_turns", "solved"]
 
 _EVAL_STREAM = 0x6E55
 """The secrets' stream of the evaluation examples, apart from every step's."""
@@ -24,19 +25,48 @@ _EVAL_STREAM = 0x6E55
 _PROMPT = "^>"
 
 
-def solved(prompts: list[Any], completions: list[str], secret: list[str], **columns) -> list[float]:
-    """1.0 for each episode whose last guess (its completion's first digit) is the secret.
+def solved(
+    prompts: list[Any],
+    completions: list[str],
+    secret: list[str],
+    finished: list[bool],
+    **columns: Any,
+) -> list[float]:
+    """1.0 for each episode whose last guess (its last turn's first digit) is the secret.
+
+    The last turn must have ended at its stop token: a guess the turn's token cap cut off is
+    not one the game heard.
 
     Examples:
-      >>> solved(["^>"] * 3, ["4", "7", ""], secret=["4", "3", "1"])
+      >>> solved(["^>"] * 3, ["4", "7", "1"], secret=["4", "3", "1"], finished=[True, True, False])
       [1.0, 0.0, 0.0]
     """
-    return [
-        float(_first_digit(text) == int(s)) for text, s in zip(completions, secret, strict=True)
-    ]
+    rows = zip(completions, secret, finished, strict=True)
+    return [float(done and _first_digit(text) == int(right)) for text, right, done in rows]
 
 
 solved.extract = str.strip  # what `dew.evaluation` takes a majority vote over
+
+
+def one_digit_turns(
+    prompts: list[Any], completions: list[str], messages: list[list[dict]], **columns: Any
+) -> list[float]:
+    """The fraction of each episode's turns that are one digit alone: the game's format.
+
+    A turn the game cannot read wastes it; this small reward teaches the format first, so
+    the episodes grow the turns the feedback is in.
+
+    Examples:
+      >>> conversation = [{"role": "user", "content": "^>"}, {"role": "assistant", "content": "5"},
+      ...                 {"role": "user", "content": "+"}, {"role": "assistant", "content": "78"}]
+      >>> one_digit_turns(["^>"], ["78"], messages=[conversation])
+      [0.5]
+    """
+    scores = []
+    for conversation in messages:
+        turns = [m.get("content") or "" for m in conversation if m["role"] == "assistant"]
+        scores.append(sum(re.fullmatch(r"\d", t) is not None for t in turns) / max(len(turns), 1))
+    return scores
 
 
 def _first_digit(text: str) -> int | None:
@@ -89,7 +119,7 @@ class Guess:
     max_new_tokens = 2
 
     def __init__(self):
-        self.rewards = (Reward("solved", solved, 1.0),)
+        self.rewards = (Reward("solved", solved, 1.0), Reward("format", one_digit_turns, 0.1))
 
     def examples(self, rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
         """`n` games, their secrets drawn from `rng`."""
