@@ -105,7 +105,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     },
     "dew.train.checkpoint": {"Checkpoints"},
     "dew.train.config": {
-        "CHECKPOINT_DEFAULTS", "EvalOptions", "LoRAOptions", "MemoryOptions", "MeshOptions",
+        "CHECKPOINT_DEFAULTS", "EpisodeOptions", "EvalOptions", "LoRAOptions", "MemoryOptions",
+        "MeshOptions",
         "OptimizerOptions", "PrecisionOptions", "PromptOptions", "RolloutOptions", "RunOptions",
         "UpdateOptions", "validate",
     },

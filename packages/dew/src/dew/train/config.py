@@ -34,6 +34,7 @@ from dew.tokenizers import DIGITS, Tokenizer
 __all__ = [
     "CHECKPOINT_DEFAULTS",
     "ConfigError",
+    "EpisodeOptions",
     "EvalOptions",
     "LoRAOptions",
     "MemoryOptions",
