@@ -25,16 +25,23 @@ def model():
 
 def test_extend_writes_several_tokens_as_decode_writes_them_one_by_one(model):
     tokens = jnp.array([[1, 5, 6, 7, 8, 9], [1, 9, 8, 7, 6, 5]])
-    full = model(tokens)
-    _, cache = model.prefill(tokens[:, :2], model.init_cache(2, 8))
     # Row 0 takes four tokens, row 1 two: its other two positions are the cache's length (8).
     positions = jnp.array([[2, 3, 4, 5], [2, 3, 8, 8]])
-    logits, extended = model.extend(tokens[:, 2:], positions, cache)
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def passes(params):
+        model = nnx.merge(graphdef, params)
+        _, cache = model.prefill(tokens[:, :2], model.init_cache(2, 8))
+        logits, extended = model.extend(tokens[:, 2:], positions, cache)
+        stepped = cache
+        for t in range(2, 4):
+            _, stepped = model.decode(tokens[:, t : t + 1], jnp.array([t, t]), stepped)
+        return model(tokens), logits, extended, stepped, cache
+
+    full, logits, extended, stepped, cache = passes(params)
     np.testing.assert_allclose(logits[0], full[0, 2:], atol=1e-5)
     np.testing.assert_allclose(logits[1, :2], full[1, 2:4], atol=1e-5)
-    stepped = cache
-    for t in range(2, 4):
-        _, stepped = model.decode(tokens[:, t : t + 1], jnp.array([t, t]), stepped)
     for (keys, values), (step_keys, step_values) in zip(extended, stepped, strict=True):
         np.testing.assert_allclose(keys[1], step_keys[1], atol=1e-6)  # nothing past slot 3
         np.testing.assert_allclose(values[:, :4], step_values[:, :4], atol=1e-6)
