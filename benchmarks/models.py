@@ -107,7 +107,7 @@ def measure(policy, batch: int, prompt: int, new: int, repeats: int) -> dict:
     def generate(steps):
         return sample_state(
             graphdef, params, tokens, lengths, jax.random.key(1), max_new_tokens=steps,
-            temperature=0.0, eos_id=-1, pad_id=0,
+            temperature=0.0, stop_ids=(), pad_id=0,
         ).tokens  # fmt: skip
 
     prefill_s = best_seconds(lambda: prefill(params, tokens), repeats)

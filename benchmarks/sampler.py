@@ -109,7 +109,7 @@ def main() -> None:
         lengths,
         key,
         max_new_tokens=new,
-        eos_id=prompter.stop_id,
+        stop_ids=(prompter.stop_id,),
         pad_id=prompter.pad_id,
     )
     calls = {

@@ -7,9 +7,9 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
 `<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->`,
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
-`<!-- bench: train_overlap -->` or `<!-- bench: train_preload -->`; the hook replaces each with
-a table of the numbers the scripts last wrote, so the page shows what was measured, not what
-someone typed. The prose around the tables quotes the same files.
+`<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->` or `<!-- bench: guess -->`;
+the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
+was measured, not what someone typed. The prose around the tables quotes the same files.
 """
 
 import json
@@ -376,6 +376,21 @@ def sampler_table() -> str:
     return markdown_table(["", "median ms", "x floor", "completion tokens/s"], rows)
 
 
+def guess_table() -> str:
+    """The number-guessing game of several turns: success against the measured baselines."""
+    r = load("guess")
+    rows = [
+        ["uniformly random guess, one turn (no feedback)", f"{r['random_one_turn']:.3f}"],
+        ["uniformly random guesses, four turns (feedback unused)", f"{r['random_four_turns']:.3f}"],
+        ["the untrained policy, held out", f"{r['held_out_before']:.3f}"],
+        [f"after {r['steps']} GRPO steps, held out", f"{r['held_out_after']:.3f}"],
+        ["sampled episodes, the last 20 steps' mean", f"{r['last_20_steps_solved']:.3f}"],
+        ["turns per episode, the last 20 steps' mean", f"{r['last_20_steps_turns']:.2f}"],
+        ["wall time, training and both evaluations", f"{r['seconds']:.0f} s"],
+    ]
+    return markdown_table([f"`{r['model']}` model, seed {r['seed']}", "games solved"], rows)
+
+
 def expand(match: re.Match) -> str:
     table = match["table"]
     if table == "machine":
@@ -412,6 +427,8 @@ def expand(match: re.Match) -> str:
         return lora_params_table()
     if table == "memory_steps":
         return memory_steps_table()
+    if table == "guess":
+        return guess_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
 
 

@@ -46,7 +46,7 @@ def greedy(policy, prompts, prompt_len, steps=8):
     padded = jnp.asarray(np.where(prompts < 0, 0, prompts))
     out = sample(
         policy, padded, jnp.asarray(prompt_len), jax.random.key(0), max_new_tokens=steps,
-        temperature=0.0, eos_id=-1,
+        temperature=0.0, stop_ids=(),
     )  # fmt: skip
     tokens = np.asarray(out.tokens)
     return np.stack([tokens[row, n : n + steps] for row, n in enumerate(prompt_len)])
@@ -194,7 +194,9 @@ def test_a_prompt_longer_than_the_context_is_refused():
     policy = load_policy(FIXTURES / "qwen2")  # max_position_embeddings 512
     prompts = jnp.ones((1, 510), jnp.int32)
     with pytest.raises(ValueError, match="exceeds the model's context of 512"):
-        sample(policy, prompts, jnp.array([510]), jax.random.key(0), max_new_tokens=8, eos_id=2)
+        sample(
+            policy, prompts, jnp.array([510]), jax.random.key(0), max_new_tokens=8, stop_ids=(2,)
+        )
 
 
 def test_smollm2_logits_argmax_and_greedy_answer():

@@ -31,7 +31,7 @@ def prompts_and_lengths(seed=0, rows=64, width=6):
 
 def draw(model=MODEL, **options):
     padded, lengths, prompts = prompts_and_lengths()
-    settings = {"max_new_tokens": 7, "eos_id": EOS, "pad_id": PAD, **options}
+    settings = {"max_new_tokens": 7, "stop_ids": (EOS,), "pad_id": PAD, **options}
     return sample(model, padded, lengths, jax.random.key(1), **settings), prompts
 
 
@@ -121,9 +121,11 @@ def test_same_key_same_samples_and_bad_options_raise():
     np.testing.assert_array_equal(first.tokens, second.tokens)
     padded, lengths, _ = prompts_and_lengths()
     with pytest.raises(ValueError, match="top_p"):
-        sample(MODEL, padded, lengths, jax.random.key(0), max_new_tokens=3, eos_id=EOS, top_p=0.0)
+        sample(
+            MODEL, padded, lengths, jax.random.key(0), max_new_tokens=3, stop_ids=(EOS,), top_p=0
+        )
     with pytest.raises(ValueError, match="prompt_lengths"):
-        sample(MODEL, padded, lengths[:3], jax.random.key(0), max_new_tokens=3, eos_id=EOS)
+        sample(MODEL, padded, lengths[:3], jax.random.key(0), max_new_tokens=3, stop_ids=(EOS,))
 
 
 def reference_greedy(model, prompts, max_new_tokens, eos):
@@ -150,7 +152,7 @@ def test_greedy_prefill_and_decode_equal_full_recomputation(eos_prone_model):
     padded, lengths, prompts = prompts_and_lengths(rows=6)
     out = sample(
         eos_prone_model, padded, lengths, jax.random.key(0), max_new_tokens=7, temperature=0.0,
-        eos_id=EOS, pad_id=PAD,
+        stop_ids=(EOS,), pad_id=PAD,
     )  # fmt: skip
     tokens, completion = np.asarray(out.tokens), np.asarray(out.completion_mask)
     drawn = [tokens[row][completion[row]].tolist() for row in range(len(prompts))]
@@ -159,7 +161,7 @@ def test_greedy_prefill_and_decode_equal_full_recomputation(eos_prone_model):
 
 
 def test_an_eos_that_is_no_token_never_stops_a_row(eos_prone_model):
-    out, _ = draw(eos_prone_model, eos_id=-1)
+    out, _ = draw(eos_prone_model, stop_ids=(-1,))
     assert (np.asarray(out.completion_mask).sum(axis=1) == 7).all()
 
 
@@ -175,14 +177,14 @@ def test_a_prompt_past_the_context_is_refused():
     small = build(dataclasses.replace(SIZES["tiny"], max_position_embeddings=8), 0)
     padded, lengths, _ = prompts_and_lengths(rows=2)
     with pytest.raises(ValueError, match="exceeds the model's context of 8"):
-        sample(small, padded, lengths, jax.random.key(0), max_new_tokens=3, eos_id=EOS)
+        sample(small, padded, lengths, jax.random.key(0), max_new_tokens=3, stop_ids=(EOS,))
 
 
 def test_a_groups_prompt_prefilled_once_samples_what_every_rows_prefill_does(eos_prone_model):
     padded, lengths, _ = prompts_and_lengths(rows=16)
     padded, lengths = jnp.repeat(padded, 4, axis=0), jnp.repeat(lengths, 4)  # groups of 4
     graphdef, params = nnx.split(eos_prone_model)
-    settings = {"max_new_tokens": 7, "eos_id": EOS, "pad_id": PAD}
+    settings = {"max_new_tokens": 7, "stop_ids": (EOS,), "pad_id": PAD}
     each, once = (
         sample_state(graphdef, params, padded, lengths, jax.random.key(1), group=g, **settings)
         for g in (1, 4)
@@ -205,7 +207,7 @@ def test_a_group_that_does_not_divide_the_rows_is_an_error():
             lengths,
             jax.random.key(1),
             max_new_tokens=2,
-            eos_id=EOS,
+            stop_ids=(EOS,),
             group=4,
         )
 
@@ -216,7 +218,7 @@ def test_the_sampler_loop_carries_the_joined_kernels_not_their_parts():
     # kernels are [32, 16], gate and up [32, 64]; joined, q/k/v is [32, 64] and gate/up [32, 128].
     graphdef, params = nnx.split(MODEL)
     padded, lengths, _ = prompts_and_lengths(rows=8)
-    sampler = jax.jit(functools.partial(_sample_state, graphdef, 5, 1.0, 1.0, EOS, PAD, True, 1))
+    sampler = jax.jit(functools.partial(_sample_state, graphdef, 5, 1.0, 1.0, (EOS,), PAD, True, 1))
     compiled = sampler.lower(params, padded, lengths, jax.random.key(0)).compile().as_text()
     (loop,) = [
         line for line in compiled.splitlines() if " while(" in line and "f32[32,128]" in line

@@ -18,7 +18,14 @@ class Batch:
 
     Each prompt fills `group` adjacent rows (rows `g * group ... (g + 1) * group - 1`), one
     completion each, so a group is a reshape of the batch axis. A row holds the prompt, then the
-    completion, then padding: `tokens[b, t]` is the t-th token of row b.
+    completion, then padding: `tokens[b, t]` is the t-th token of row b. In an episode the
+    completion is several turns with context between them (tool results, an environment's
+    observations): tokens present in the row that the policy did not produce.
+
+    Two masks say what a row is: `attention_mask` the tokens present (the prompt, the turns and
+    the context between them; what a pass over the row reads) and `completion_mask` the tokens
+    the loss is taken over (the policy's own: sampled, or a demonstration's answer). Context is
+    in the first and not the second: it has no behaviour log-probability and no gradient.
 
     Per-token arrays are `[B, T]` and aligned with `tokens`: entry `t` describes the token at
     position `t`, so `log_probs[b, t] = log pi(tokens[b, t] | tokens[b, :t])` and a completion's
@@ -27,8 +34,8 @@ class Batch:
     Attributes:
       tokens: `[B, T]` int32 token ids.
       prompt_mask: `[B, T]` bool, true on the prompt's tokens.
-      completion_mask: `[B, T]` bool, true on the completion's tokens (EOS included), the
-        positions every loss is taken over.
+      completion_mask: `[B, T]` bool, true on the tokens every loss is taken over: the
+        policy's own (a turn's stop token included), never the prompt or context.
       behavior_log_probs: `[B, T]` float32 log-probabilities the sampler drew the completion
         with (0 outside the completion).
       rewards: `[B]` float32 task reward of each row.
@@ -47,6 +54,9 @@ class Batch:
       reward_weights: the K reward functions' weights (static), `()` without components.
       shared_prefix: how many leading positions each group's rows hold in common (static): their
         prompt's first tokens, which a policy pass then runs once per group. 0 when not known.
+      attention_mask: `[B, T]` bool, true on every token present in the row, or None when
+        those are the prompt's and the completion's alone (a single turn); `present_mask`
+        reads it either way.
     """
 
     tokens: jax.Array
@@ -64,6 +74,14 @@ class Batch:
     reward_components: jax.Array | None = None
     reward_weights: tuple[float, ...] = dataclasses.field(default=(), metadata={"static": True})
     shared_prefix: int = dataclasses.field(default=0, metadata={"static": True})
+    attention_mask: jax.Array | None = None
+
+    @property
+    def present_mask(self) -> jax.Array:
+        """`[B, T]` true on the tokens present: `attention_mask`, or the prompt and completion."""
+        if self.attention_mask is not None:
+            return self.attention_mask
+        return self.prompt_mask | self.completion_mask
 
     @property
     def size(self) -> int:

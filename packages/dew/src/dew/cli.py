@@ -205,7 +205,15 @@ def _add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
 
     described = _field_help(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
-        if field.name in _SECTIONS or field.name.endswith("_options") or field.name == "rewards":
+        if (
+            field.name in _SECTIONS
+            or field.name.endswith("_options")
+            or field.name
+            in (
+                "rewards",
+                "tools",
+            )
+        ):
             continue
         _add_field(parser, field.name, str, described[field.name], getattr(defaults, field.name))
     for section, cls in _SECTIONS.items():
@@ -353,6 +361,15 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
         "overlong, an installed one, or module:function; weight 1 unless given",
     )
     parser.add_argument(
+        "--tool",
+        dest="tools",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="MODULE:FUNCTION",
+        help="a tool the model may call, repeatable: module:function or an installed dew.tools "
+        "entry point; each rollout is then an episode of several turns",
+    )
+    parser.add_argument(
         "--reward-option",
         dest="reward_options",
         action="append",
@@ -368,12 +385,13 @@ def _task_values(args: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
 
     Examples:
       >>> _task_values({"rewards": ["format"], "task_options": [("level", 2)]}, {})
-      {'task_options': {'level': 2}, 'reward_options': {}, 'rewards': ('format',)}
+      {'task_options': {'level': 2}, 'reward_options': {}, 'rewards': ('format',), 'tools': ()}
     """
     values = {}
     for name in ("task_options", "reward_options"):
         values[name] = {**saved.get(name, {}), **dict(args.pop(name, []))}
     values["rewards"] = tuple(args.pop("rewards", saved.get("rewards", ())))
+    values["tools"] = tuple(args.pop("tools", saved.get("tools", ())))
     return values
 
 
@@ -580,6 +598,9 @@ def _eval_parser() -> argparse.ArgumentParser:
         "or NAME:SPLIT of a cached Hugging Face dataset",
     )
     _add_task_flags(parser)
+    parser.add_argument(
+        "--environment", help="an environment class (module:Class) the model plays, in episodes"
+    )
     parser.add_argument("--k", type=int, default=1, help="completions per prompt (default: 1)")
     parser.add_argument(
         "--prompts", type=int, default=64, help="held-out prompts at most (default: 64)"
@@ -620,6 +641,7 @@ def _command_eval(argv: list[str]) -> int:
     from dew.evaluation import evaluate
     from dew.inference import load_run, model_run
     from dew.train import TrainConfig
+    from dew.train.config import _make_rollouts
     from dew.train.runlog import read_config
 
     model = args.pop("model")
@@ -630,7 +652,7 @@ def _command_eval(argv: list[str]) -> int:
         values.update(_task_values(args, saved))
         if args["task"] or args["data"]:
             values.update(task=args["task"] or "reverse", data=args["data"])
-        for name in ("system_prompt", "max_new_tokens"):
+        for name in ("system_prompt", "max_new_tokens", "environment"):
             if args[name] is not None:
                 values[name] = args[name]
         config = TrainConfig().replace(**values)
@@ -645,6 +667,7 @@ def _command_eval(argv: list[str]) -> int:
             temperature=args["temperature"],
             key=jax.random.key(args["seed"]),
             progress=_tell,
+            rollouts=_make_rollouts(config),
         )
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(str(error)) from error

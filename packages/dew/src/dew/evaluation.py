@@ -15,7 +15,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dew.rollout import Prompter, rollout
+from dew.rollout import Prompter
+from dew.rollout.generate import Rollouts, SingleTurn
 
 __all__ = ["evaluate", "pass_at_k"]
 
@@ -76,14 +77,16 @@ def evaluate(
     key: jax.Array,
     kv_cache: bool = True,
     progress: Callable[[str], None] | None = None,
+    rollouts: Rollouts | None = None,
 ) -> dict[str, float]:
     """The evaluation metrics of the policy on up to `prompts` held-out examples, `k` samples each.
 
     Keys: `eval/reward` (the mean weighted reward), `eval/pass@1`, `eval/pass@k` (with k's
     value, e.g. `eval/pass@4`), `eval/maj@k`, `eval/completion_tokens`, `eval/prompts`.
     Held-out prompts over the prompter's width are left out. At `temperature` 0 the `k`
-    completions are one greedy completion repeated. `progress`, when given, is told each phase
-    as it starts (sampling, scoring), as one line of text.
+    completions are one greedy completion repeated. `rollouts` says how prompts become scored
+    rollouts (one turn by default); an episode's answer is its last turn. `progress`, when given,
+    is told each phase as it starts (sampling, scoring), as one line of text.
 
     Examples:
       >>> from dew.models.llama import build
@@ -105,7 +108,7 @@ def evaluate(
         f"sampling {len(examples) * k} completions ({len(examples)} held-out prompts x {k}, up "
         f"to {prompter.max_new_tokens} tokens each; the first call compiles the sampler)"
     )
-    sampled = rollout(
+    drawn = (rollouts or SingleTurn()).draw(
         graphdef,
         params,
         prompter,
@@ -115,14 +118,12 @@ def evaluate(
         temperature=temperature,
         kv_cache=kv_cache,
     )
+    sampled = drawn.scored()
     tell(f"scored {len(sampled.rewards)} completions")
     first = sampled.reward_parts[prompter.rewards[0].name]
     correct = (np.nan_to_num(first, nan=0.0) >= 1.0).reshape(-1, k)
     extract = _extractor(prompter)
-    texts = [
-        prompter.completion_text(row[mask])[0]
-        for row, mask in zip(sampled.tokens, sampled.completion_mask, strict=True)
-    ]
+    texts = sampled.texts(prompter)
     answers = np.array([extract(text) for text in texts], dtype=object).reshape(-1, k)
     return {
         "eval/reward": float(sampled.rewards.mean()),

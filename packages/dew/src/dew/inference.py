@@ -18,10 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dew.models.llama import ModelConfig, Policy, build
+from dew.models import CausalLM
+from dew.models.llama import ModelConfig, build
 from dew.models.lora import add_lora, merge_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
-from dew.rollout import Prompter, rollout
+from dew.rollout import Prompter
+from dew.rollout.generate import Rollouts, SingleTurn
 from dew.tasks import Task
 from dew.tokenizers import DigitTokenizer, HFTokenizer, Tokenizer
 from dew.train._precision import cast_floating
@@ -140,7 +142,7 @@ class _RunModel(ModelSource):
     The policy has its LoRA adapters merged.
     """
 
-    def policy(self, seed: int = 0, *, value_head: bool = False) -> Policy:
+    def policy(self, seed: int = 0, *, value_head: bool = False) -> CausalLM:
         run_dir = Path(self.path)
         record = read_config(run_dir)
         graphdef, params, _ = _restored(run_dir, record, _trained_on(run_dir, record), None)
@@ -304,10 +306,14 @@ def model_run(model: str, config: TrainConfig | None = None, seed: int = 0) -> R
     return Run(graphdef, params, prompter, {"model": model, "task": prompter.task.name}, 0)
 
 
-def sample_run(run: Run, n: int, temperature: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+def sample_run(
+    run: Run, n: int, temperature: float = 0.0, seed: int = 0, rollouts: Rollouts | None = None
+) -> list[dict[str, Any]]:
     """`n` held-out prompts with the policy's completions: `prompt`, `completion`, `reward`.
 
-    Greedy at `temperature` 0; the completion is its text up to the stop token.
+    Greedy at `temperature` 0; the completion is its text up to the stop token. `rollouts` says
+    how prompts become scored rollouts (one turn by default); an episode's sample also holds
+    its `messages`, the whole conversation.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -322,25 +328,28 @@ def sample_run(run: Run, n: int, temperature: float = 0.0, seed: int = 0) -> lis
     examples = prompter.task.heldout(n)
     if temperature > 0:
         examples = prompter.task.examples(np.random.default_rng([seed, 0xD15C]), n)
-    sampled = rollout(
-        run.graphdef,
-        run.params,
-        prompter,
-        prompter.encode_all(examples),
-        1,
-        jax.random.key(seed),
-        temperature=temperature,
+    sampled = (
+        (rollouts or SingleTurn())
+        .draw(
+            run.graphdef,
+            run.params,
+            prompter,
+            prompter.encode_all(examples),
+            1,
+            jax.random.key(seed),
+            temperature=temperature,
+        )
+        .scored()
     )
-    return [
-        {
-            "prompt": example["prompt"],
-            "completion": prompter.completion_text(ids[mask].tolist())[0],
-            "reward": float(reward),
-        }
-        for example, ids, mask, reward in zip(
-            examples, sampled.tokens, sampled.completion_mask, sampled.rewards, strict=True
+    samples = [
+        {"prompt": example["prompt"], "completion": text, "reward": float(reward)}
+        for example, text, reward in zip(
+            examples, sampled.texts(prompter), sampled.rewards, strict=True
         )
     ]
+    for sample, episode in zip(samples, sampled.episodes or (), strict=False):
+        sample["messages"] = episode.messages
+    return samples
 
 
 _CHAT_SLOTS = 256
@@ -349,7 +358,7 @@ reuse a few compiled programs instead of compiling one per prompt length."""
 
 
 def chat_reply(
-    policy: Policy,
+    policy: CausalLM,
     tokenizer: Tokenizer,
     messages: list[dict[str, str]],
     key: jax.Array,
@@ -382,7 +391,7 @@ def chat_reply(
     from dew.tokenizers import _end_of_turn_id
 
     prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True))
-    end, context = _end_of_turn_id(tokenizer), policy.config.max_position_embeddings
+    end, context = _end_of_turn_id(tokenizer), policy.context_length
     if len(prompt) + max_new_tokens > context:
         raise ValueError(
             f"the conversation ({len(prompt)} tokens) plus --max-new-tokens {max_new_tokens} "

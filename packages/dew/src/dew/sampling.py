@@ -3,15 +3,22 @@
 Prompts are left-aligned and right-padded to a fixed width. One forward pass prefills every
 prompt into the KV cache (position `t` in slot `t`); each row then draws its first token from the
 logits at its own last prompt position, and the decode loop feeds each row its latest token at its
-own position until the row draws EOS or has `max_new_tokens`. A row's padding sits in cache slots
-past its position, which it never attends to and overwrites as it goes. Shapes depend only on the
-batch size, the prompt width and `max_new_tokens`, so a run compiles the sampler once.
+own position until the row draws a stop id or has `max_new_tokens`. A row's padding sits in cache
+slots past its position, which it never attends to and overwrites as it goes. Shapes depend only
+on the batch size, the prompt width and `max_new_tokens`, so a run compiles the sampler once.
+
+A caller that goes on after a row stops (an episode: tool results, then the next turn) holds a
+`SamplerState`: `prefill_state` starts one, `continue_state` samples until every live row stops,
+and `extend_state` appends tokens to rows and feeds them to the cache at their positions, never
+re-prefilling what the cache holds. `sample_state` is `prefill_state` then `continue_state` in
+one program, returning only the tokens.
 
 Reference: the prefill-then-decode sampler of flax `examples/gemma/sampler.py`.
 """
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +30,11 @@ from dew.models import CausalLM
 from dew.models.llama import _spread
 
 __all__ = [
+    "SamplerState",
     "Samples",
+    "continue_state",
+    "extend_state",
+    "prefill_state",
     "sample",
     "sample_state",
 ]
@@ -35,9 +46,9 @@ class Samples:
     """What `sample` returns, all `[B, T]` with `T = prompt width + max_new_tokens`.
 
     Attributes:
-      tokens: prompt, completion (its EOS included), then PAD.
+      tokens: prompt, completion (its stop id included), then PAD.
       prompt_mask: true on the prompt's tokens.
-      completion_mask: true on the sampled tokens, up to and including the first EOS.
+      completion_mask: true on the sampled tokens, up to and including the first stop id.
       behavior_log_probs: the log-probability each sampled token had under the distribution it
         was drawn from (temperature and top-p applied); 0 elsewhere, and 0 for greedy decoding.
     """
@@ -46,6 +57,52 @@ class Samples:
     prompt_mask: jax.Array
     completion_mask: jax.Array
     behavior_log_probs: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplerState:
+    """Rows being sampled, their KV cache with them, which a caller can extend and continue.
+
+    A row holds `lengths[b]` tokens: its prompt, then sampled tokens and tokens appended by
+    `extend_state` in the order they came, then PAD up to the width `L`. The cache holds the
+    row's first `cached[b]` positions; after a draw the latest token waits to be fed (`cached =
+    lengths - 1`), and `logits` are the next-token logits of the rows whose tokens are all
+    cached.
+
+    Attributes:
+      tokens: `[B, L]` int32 token ids.
+      prompt_mask: `[B, L]` true on the prompt's tokens.
+      completion_mask: `[B, L]` true on the sampled tokens.
+      behavior_log_probs: `[B, L]` each sampled token's log-probability under the distribution
+        it was drawn from; 0 elsewhere.
+      cache: the KV cache (`dew.models.llama.Cache`), `()` without one.
+      logits: `[B, V]` float32 next-token logits, what the next draw is drawn from after
+        `prefill_state` or `extend_state` (`continue_state` leaves them as they were).
+      lengths: `[B]` int32 tokens each row holds.
+      cached: `[B]` int32 positions the cache holds.
+      limit: `[B]` int32 the most tokens a row may hold; a row that reaches it stops.
+      done: `[B]` bool rows that stopped (drew a stop id or reached `limit`); they draw nothing
+        until `extend_state` appends to them.
+      draws: int32 the key index of the next draw: it is drawn with `fold_in(key, draws)`,
+        the prompt width at the first and one more at each after.
+    """
+
+    tokens: jax.Array
+    prompt_mask: jax.Array
+    completion_mask: jax.Array
+    behavior_log_probs: jax.Array
+    cache: tuple
+    logits: jax.Array
+    lengths: jax.Array
+    cached: jax.Array
+    limit: jax.Array
+    done: jax.Array
+    draws: jax.Array
+
+    def samples(self) -> Samples:
+        """The state's tokens and masks as `Samples`."""
+        return Samples(self.tokens, self.prompt_mask, self.completion_mask, self.behavior_log_probs)
 
 
 def _sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
@@ -83,6 +140,301 @@ def _choose(logits, key, temperature, top_p):
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
+def _stops(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
+    """`[B]` whether each token is one of `stop_ids` (ids outside the vocabulary never are).
+
+    Examples:
+      >>> _stops(jnp.array([2, 5, 7]), (2, 7)).tolist()
+      [True, False, True]
+    """
+    stopped = jnp.zeros(tokens.shape, bool)
+    for stop in stop_ids:
+        stopped = stopped | (tokens == stop)
+    return stopped
+
+
+def _check_settings(
+    model: CausalLM, batch: int, length: int, width: int, group: int, stop_ids
+) -> None:
+    context = model.context_length
+    if length > context:
+        raise ValueError(
+            f"a prompt width of {width} plus {length - width} new tokens exceeds the model's "
+            f"context of {context} positions (max_position_embeddings)"
+        )
+    if group < 1 or batch % group:
+        raise ValueError(f"group ({group}) must be at least 1 and divide the {batch} rows")
+    if not isinstance(stop_ids, tuple) or not all(isinstance(s, int) for s in stop_ids):
+        raise ValueError(f"stop_ids must be a tuple of token ids, got {stop_ids!r}")
+
+
+def _prefilled(model, prompts, prompt_lengths, *, room, pad_id, kv_cache, group) -> SamplerState:
+    """The state of `prompts` prefilled into a cache with `room` positions past the width."""
+    batch, width = prompts.shape
+    length = width + room
+    rows = jnp.arange(batch)
+    position = jnp.arange(length)
+    prompt_mask = position[None, :] < prompt_lengths[:, None]
+    tokens = jnp.full((batch, length), pad_id, jnp.int32).at[:, :width].set(prompts)
+    tokens = jnp.where(prompt_mask, tokens, pad_id)
+    last = prompt_lengths - 1  # each row's last prompt position
+    if kv_cache:
+        heads = prompts.reshape(batch // group, group, width)[:, 0]
+        logits, cache = model.prefill(heads, model.init_cache(batch // group, length))
+        logits, cache = jax.tree.map(functools.partial(_spread, group=group), (logits, cache))
+    else:
+        logits, cache = model(tokens), ()
+    return SamplerState(
+        tokens=tokens,
+        prompt_mask=prompt_mask,
+        completion_mask=jnp.zeros((batch, length), bool),
+        behavior_log_probs=jnp.zeros((batch, length), jnp.float32),
+        cache=cache,
+        logits=logits[rows, last],
+        lengths=prompt_lengths.astype(jnp.int32),
+        cached=prompt_lengths.astype(jnp.int32),
+        limit=(prompt_lengths + room).astype(jnp.int32),
+        done=jnp.zeros((batch,), bool),
+        draws=jnp.int32(width),
+    )
+
+
+def _continued(
+    model, state: SamplerState, key, *, max_new_tokens, temperature, top_p, stop_ids, pad_id,
+    kv_cache,
+) -> SamplerState:  # fmt: skip
+    """`state` with up to `max_new_tokens` drawn for each live row, until every row stops.
+
+    The loop carries only what a step changes (the prompt mask, the limits and the logits a
+    step draws from stay out of it), as lean as the one-turn sampler was before it had a state.
+    """
+    rows = jnp.arange(state.tokens.shape[0])
+    limit = state.limit
+
+    def draw(logits, tokens, behavior, completion, lengths, done, draws):
+        """Write each live row's next token, drawn from `logits`, after its tokens."""
+        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, draws), temperature, top_p)
+        live = ~done
+        tokens = tokens.at[rows, lengths].set(jnp.where(live, drawn, pad_id))
+        behavior = behavior.at[rows, lengths].set(jnp.where(live, drawn_logp, 0.0))
+        completion = completion.at[rows, lengths].set(live)
+        lengths = lengths + live
+        done = done | (live & (_stops(drawn, stop_ids) | (lengths >= limit)))
+        return tokens, behavior, completion, lengths, done, draws + 1
+
+    def step(carry):
+        """Feed each row its latest token at its position, then draw the next."""
+        i, tokens, behavior, completion, lengths, _, done, draws, cache = carry
+        previous = lengths - 1
+        if kv_cache:
+            logits, cache = model.decode(tokens[rows, previous][:, None], previous, cache)
+            logits = logits[:, 0]
+        else:
+            logits = model(tokens)[rows, previous]
+        drawn = draw(logits, tokens, behavior, completion, lengths, done, draws)
+        return i + 1, *drawn[:4], lengths, *drawn[4:], cache
+
+    def more(carry):
+        i, *_, done, _, _ = carry
+        return (i < max_new_tokens) & ~jnp.all(done)
+
+    first = draw(
+        state.logits, state.tokens, state.behavior_log_probs, state.completion_mask,
+        state.lengths, state.done, state.draws,
+    )  # fmt: skip
+    carry = (jnp.int32(1), *first[:4], state.cached, *first[4:], state.cache)
+    _, tokens, behavior, completion, lengths, cached, _, draws, cache = jax.lax.while_loop(
+        more, step, carry
+    )
+    return dataclasses.replace(
+        state,
+        tokens=tokens,
+        behavior_log_probs=behavior,
+        completion_mask=completion,
+        cache=cache,
+        lengths=lengths,
+        cached=cached,
+        done=jnp.ones_like(state.done),  # every row stopped or ran out
+        draws=draws,
+    )
+
+
+def _extended(model, state: SamplerState, tokens, counts, *, kv_cache) -> SamplerState:
+    """`state` with `tokens[b, :counts[b]]` appended to each row and fed to the cache."""
+    batch, width = state.tokens.shape
+    rows = jnp.arange(batch)[:, None]
+    new = jnp.arange(tokens.shape[1])[None, :]
+    # Positions past the width are written nowhere: JAX drops out-of-bounds updates.
+    written = jnp.where(new < counts[:, None], state.lengths[:, None] + new, width)
+    all_tokens = state.tokens.at[rows, written].set(tokens)
+    lengths = state.lengths + counts
+    resumed = counts > 0
+    if kv_cache:
+        # What the cache lacks: the token drawn last (when not yet fed), then the new ones.
+        fed_at = state.cached[:, None] + jnp.arange(tokens.shape[1] + 1)[None, :]
+        real = (fed_at < lengths[:, None]) & resumed[:, None]
+        fed = all_tokens[rows, jnp.minimum(fed_at, width - 1)]
+        logits, cache = model.extend(fed, jnp.where(real, fed_at, width), state.cache)
+        logits = logits[rows[:, 0], jnp.maximum(lengths - 1 - state.cached, 0)]
+    else:
+        logits, cache = model(all_tokens)[rows[:, 0], jnp.maximum(lengths - 1, 0)], ()
+    return dataclasses.replace(
+        state,
+        tokens=all_tokens,
+        cache=cache,
+        logits=jnp.where(resumed[:, None], logits, state.logits),
+        lengths=lengths,
+        cached=jnp.where(resumed, lengths, state.cached),
+        done=state.done & ~resumed,
+    )
+
+
+def prefill_state(
+    graphdef: nnx.GraphDef,
+    params,
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    *,
+    room: int,
+    pad_id: int = 0,
+    kv_cache: bool = True,
+    group: int = 1,
+) -> SamplerState:
+    """A `SamplerState` of `prompts` prefilled, with `room` positions for each row past its prompt.
+
+    The state's width is the prompt width plus `room` (which must fit the model's context), and
+    a row's `limit` its prompt's length plus `room`. With `group` > 1 the prefill runs once per
+    group of `group` adjacent rows with the same prompt (`sample_state`). Compiled once per
+    model, shapes and settings.
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> state = prefill_state(graphdef, params, jnp.array([[1, 5, 3]]), jnp.array([2]), room=4)
+      >>> state.tokens.tolist(), state.lengths.tolist(), state.limit.tolist()
+      ([[1, 5, 0, 0, 0, 0, 0]], [2], [6])
+    """
+    model = nnx.merge(graphdef, params)
+    batch, width = prompts.shape
+    _check_settings(model, batch, width + room, width, group, ())
+    return _prefill_program(graphdef, (room, pad_id, kv_cache, group))(
+        params, prompts, prompt_lengths
+    )
+
+
+@functools.cache
+def _prefill_program(graphdef: nnx.GraphDef, settings: tuple):
+    room, pad_id, kv_cache, group = settings
+
+    def run(params, prompts, prompt_lengths):
+        count_trace("prefill_state")
+        model = nnx.merge(graphdef, params)
+        return _prefilled(
+            model, prompts, prompt_lengths, room=room, pad_id=pad_id, kv_cache=kv_cache,
+            group=group,
+        )  # fmt: skip
+
+    return jax.jit(run)
+
+
+def continue_state(
+    graphdef: nnx.GraphDef,
+    params,
+    state: SamplerState,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    stop_ids: Sequence[int],
+    pad_id: int = 0,
+    kv_cache: bool = True,
+) -> SamplerState:
+    """`state` after each live row drew up to `max_new_tokens` more, stopping at a stop id.
+
+    A row stops at one of `stop_ids`, at its `limit`, or after `max_new_tokens`; rows already
+    done draw nothing, and every row is done after the call. A row's stop token waits in the
+    row, not yet fed to the cache, until `extend_state` feeds it with what follows it.
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> state = prefill_state(graphdef, params, jnp.array([[1, 5, 3]]), jnp.array([3]), room=6)
+      >>> state = continue_state(graphdef, params, state, jax.random.key(0), max_new_tokens=2,
+      ...                        stop_ids=())
+      >>> state.lengths.tolist(), state.completion_mask.sum().item()
+      ([5], 2)
+    """
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    stop_ids = tuple(int(s) for s in stop_ids)
+    settings = (max_new_tokens, float(temperature), float(top_p), stop_ids, pad_id, kv_cache)
+    return _continue_program(graphdef, settings)(params, state, key)
+
+
+@functools.cache
+def _continue_program(graphdef: nnx.GraphDef, settings: tuple):
+    max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache = settings
+
+    def run(params, state, key):
+        count_trace("continue_state")
+        model = nnx.merge(graphdef, params)
+        return _continued(
+            model, state, key, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_p=top_p, stop_ids=stop_ids, pad_id=pad_id, kv_cache=kv_cache,
+        )  # fmt: skip
+
+    return jax.jit(run)
+
+
+def extend_state(
+    graphdef: nnx.GraphDef,
+    params,
+    state: SamplerState,
+    tokens: jax.Array,
+    counts: jax.Array,
+    *,
+    kv_cache: bool = True,
+) -> SamplerState:
+    """`state` with `tokens[b, :counts[b]]` appended to row `b` and fed to the cache.
+
+    The appended tokens are context: neither prompt nor sampled. The cache takes them at their
+    positions (and the row's last drawn token before them), one pass of the model's `extend`, the
+    prefix already cached never recomputed. A row given tokens is live again, a row given none
+    (`counts[b] == 0`) is left as it was. The caller keeps `lengths + counts` within the width.
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> state = prefill_state(graphdef, params, jnp.array([[1, 5], [1, 6]]), jnp.array([2, 2]),
+      ...                       room=3)
+      >>> state = extend_state(graphdef, params, state, jnp.array([[7, 8], [9, 9]]),
+      ...                      jnp.array([2, 0]))
+      >>> state.tokens.tolist(), state.lengths.tolist()
+      ([[1, 5, 7, 8, 0], [1, 6, 0, 0, 0]], [4, 2])
+    """
+    rows = len(state.lengths)
+    if tokens.ndim != 2 or counts.shape != (rows,) or tokens.shape[0] != rows:
+        raise ValueError(
+            f"extend_state takes tokens [B, S] and counts [B] for the state's {rows} rows, got "
+            f"{tokens.shape} and {counts.shape}"
+        )
+    return _extend_program(graphdef, kv_cache)(params, state, tokens, counts)
+
+
+@functools.cache
+def _extend_program(graphdef: nnx.GraphDef, kv_cache: bool):
+    def run(params, state, tokens, counts):
+        count_trace("extend_state")
+        model = nnx.merge(graphdef, params)
+        return _extended(model, state, tokens, counts, kv_cache=kv_cache)
+
+    return jax.jit(run)
+
+
 def sample_state(
     graphdef: nnx.GraphDef,
     params,
@@ -93,7 +445,7 @@ def sample_state(
     max_new_tokens: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    eos_id: int,
+    stop_ids: Sequence[int],
     pad_id: int = 0,
     kv_cache: bool = True,
     group: int = 1,
@@ -111,11 +463,12 @@ def sample_state(
       >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
       >>> prompts, lengths = jnp.array([[1, 5, 3], [1, 5, 3]]), jnp.array([3, 3])
       >>> out = sample_state(graphdef, params, prompts, lengths, jax.random.key(0),
-      ...                    max_new_tokens=2, eos_id=-1, group=2)
+      ...                    max_new_tokens=2, stop_ids=(), group=2)
       >>> out.tokens.shape, out.completion_mask.sum(axis=1).tolist()
       ((2, 5), [2, 2])
     """
-    settings = (max_new_tokens, temperature, top_p, eos_id, pad_id, kv_cache, group)
+    stop_ids = tuple(int(s) for s in stop_ids)
+    settings = (max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache, group)
     return _sampler(graphdef, settings)(params, prompts, prompt_lengths, key)
 
 
@@ -131,7 +484,7 @@ def _sample_state(
     max_new_tokens: int,
     temperature: float,
     top_p: float,
-    eos_id: int,
+    stop_ids: tuple[int, ...],
     pad_id: int,
     kv_cache: bool,
     group: int,
@@ -143,61 +496,16 @@ def _sample_state(
     count_trace("sample")
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
-    length = width + max_new_tokens
-    context = model.context_length
-    if length > context:
-        raise ValueError(
-            f"a prompt width of {width} plus max_new_tokens {max_new_tokens} exceeds the model's "
-            f"context of {context} positions (max_position_embeddings)"
-        )
-    if group < 1 or batch % group:
-        raise ValueError(f"group ({group}) must be at least 1 and divide the {batch} rows")
-    rows = jnp.arange(batch)
-    position = jnp.arange(length)
-    prompt_mask = position[None, :] < prompt_lengths[:, None]
-    tokens = jnp.full((batch, length), pad_id, jnp.int32).at[:, :width].set(prompts)
-    tokens = jnp.where(prompt_mask, tokens, pad_id)
-    last = prompt_lengths - 1  # each row's last prompt position
-    if kv_cache:
-        heads = prompts.reshape(batch // group, group, width)[:, 0]
-        logits, cache = model.prefill(heads, model.init_cache(batch // group, length))
-        logits, cache = jax.tree.map(functools.partial(_spread, group=group), (logits, cache))
-    else:
-        logits, cache = model(tokens), ()
-    logits = logits[rows, last]
-
-    def draw(i, logits, tokens, behavior, completion, done):
-        """Write each live row's `i`-th new token, drawn from `logits`, after its prompt."""
-        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, width + i), temperature, top_p)
-        live = ~done
-        at = last + 1 + i
-        tokens = tokens.at[rows, at].set(jnp.where(live, drawn, pad_id))
-        behavior = behavior.at[rows, at].set(jnp.where(live, drawn_logp, 0.0))
-        completion = completion.at[rows, at].set(live)
-        return tokens, behavior, completion, done | (drawn == eos_id)
-
-    def step(carry):
-        i, tokens, behavior, completion, done, cache = carry
-        previous = last + i  # the position of each row's latest token
-        if kv_cache:
-            fed = tokens[rows, previous][:, None]
-            logits, cache = model.decode(fed, previous, cache)
-            logits = logits[:, 0]
-        else:
-            logits = model(tokens)[rows, previous]
-        return i + 1, *draw(i, logits, tokens, behavior, completion, done), cache
-
-    def more(carry):
-        i, *_, done, _ = carry
-        return (i < max_new_tokens) & ~jnp.all(done)
-
-    behavior = jnp.zeros((batch, length), jnp.float32)
-    completion = jnp.zeros((batch, length), bool)
-    first = draw(0, logits, tokens, behavior, completion, jnp.zeros((batch,), bool))
-    _, tokens, behavior, completion, _, _ = jax.lax.while_loop(
-        more, step, (jnp.int32(1), *first, cache)
-    )
-    return Samples(tokens, prompt_mask, completion, behavior)
+    _check_settings(model, batch, width + max_new_tokens, width, group, stop_ids)
+    state = _prefilled(
+        model, prompts, prompt_lengths, room=max_new_tokens, pad_id=pad_id, kv_cache=kv_cache,
+        group=group,
+    )  # fmt: skip
+    state = _continued(
+        model, state, key, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        stop_ids=stop_ids, pad_id=pad_id, kv_cache=kv_cache,
+    )  # fmt: skip
+    return state.samples()
 
 
 def sample(
@@ -209,7 +517,7 @@ def sample(
     max_new_tokens: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    eos_id: int,
+    stop_ids: Sequence[int],
     pad_id: int = 0,
     kv_cache: bool = True,
 ) -> Samples:
@@ -220,11 +528,12 @@ def sample(
       prompt_lengths: `[B]` length of each prompt (at least 1).
       key: PRNG key; every row's `i`-th new token is drawn with `fold_in(key, P + i)`: the key
         of the position it takes in a row whose prompt fills the width `P`.
-      max_new_tokens: the most tokens a row samples; a row stops early at EOS. The prompt width
-        plus `max_new_tokens` must fit the model's context (`max_position_embeddings`).
+      max_new_tokens: the most tokens a row samples; a row stops early at a stop id. The prompt
+        width plus `max_new_tokens` must fit the model's context (`max_position_embeddings`).
       temperature: softmax temperature; 0 decodes greedily.
       top_p: nucleus mass (1 keeps every token).
-      eos_id: the token that ends a row; an id outside the vocabulary (such as -1) never does.
+      stop_ids: the tokens that end a row (EOS, end of turn); none, or ids outside the
+        vocabulary, never end one.
       pad_id: the token written after a row's end.
       kv_cache: reuse keys and values across steps (False recomputes the prefix each step).
 
@@ -234,7 +543,7 @@ def sample(
       >>> from dew.models.registry import SIZES
       >>> from dew.models.llama import build
       >>> out = sample(build(SIZES["tiny"], 0), jnp.array([[1, 5, 3]]), jnp.array([3]),
-      ...              jax.random.key(0), max_new_tokens=4, eos_id=2)
+      ...              jax.random.key(0), max_new_tokens=4, stop_ids=(2,))
       >>> out.tokens.shape, bool(out.prompt_mask[0, :3].all())
       ((1, 7), True)
     """
@@ -255,7 +564,7 @@ def sample(
         max_new_tokens=max_new_tokens,
         temperature=float(temperature),
         top_p=float(top_p),
-        eos_id=eos_id,
+        stop_ids=stop_ids,
         pad_id=pad_id,
         kv_cache=kv_cache,
     )

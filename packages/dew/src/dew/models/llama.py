@@ -687,15 +687,18 @@ class Policy(nnx.Module):
     def extend(
         self, tokens: jax.Array, positions: jax.Array, cache: Cache
     ) -> tuple[jax.Array, Cache]:
-        """Logits `[B, S, V]` of tokens `[B, S]` written into the cache at `positions` `[B, S]`.
+        """Logits `[B, S, V]` of new tokens `[B, S]` at `positions` `[B, S]`; the cache.
 
-        Each token attends to the cache's slots up to its own position, those this call writes
-        included; `decode` is the case S = 1, `prefill` positions `0 .. P - 1`.
+        Each token is written to its position's slot and attends to the slots up to its own,
+        those filled before and this call's earlier tokens, in one pass: `decode` is the `S = 1`
+        case. A position at or past the cache's last slot is written nowhere (JAX drops
+        out-of-bounds updates), so a row with fewer real tokens pads its positions with the
+        cache's length; the logits there mean nothing.
         """
         check_tokens(tokens, "tokens")
-        if positions.shape != tokens.shape:
+        if tokens.ndim != 2 or positions.shape != tokens.shape:
             raise ValueError(
-                f"extend takes tokens and positions of one shape [B, S], got {tokens.shape} and "
+                f"extend takes tokens [B, S] and positions [B, S], got {tokens.shape} and "
                 f"{positions.shape}"
             )
         return self._cached(tokens, positions, cache)

@@ -1,12 +1,16 @@
 """A rollout: prompts in, a scored `Batch` out, in the row layout `dew.rl`'s group functions assume.
 
-`rollout` expands each prompt into `group` adjacent rows, samples a completion for each with the
-compiled sampler and scores it with the task's reward functions (through the `Prompter`).
+`Rollouts` is the protocol: `draw` dispatches a batch of prompts, `scored()` on what it returns
+waits and scores them. `SingleTurn` is its one-turn implementation: `rollout` expands each prompt
+into `group` adjacent rows, samples a completion for each with the compiled sampler and scores it
+with the task's reward functions (through the `Prompter`). `dew.rollout.episode.Episodes` is the
+multi-turn one (tool calls, environments).
 """
 
+import dataclasses
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, Self
 
 import jax
 import numpy as np
@@ -18,8 +22,11 @@ from dew.rollout.prompter import Prompter, Prompts
 from dew.sampling import Samples, sample_state
 
 __all__ = [
+    "Drawn",
     "DrawnRollout",
     "Rollout",
+    "Rollouts",
+    "SingleTurn",
     "draw_rollout",
     "rollout",
 ]
@@ -107,6 +114,11 @@ class Rollout(NamedTuple):
       reward_parts: each reward function's `[B]` scores, NaN where it could not judge.
       sample_s: seconds the sampler took, transfer to the host included.
       reward_weights: each reward function's weight, in `reward_parts` order.
+      attention_mask: NumPy copy of the batch's `attention_mask` (None for single turns).
+      episodes: each row's episode (`dew.rollout.episode.Episode`: its conversation, turns and
+        tool calls) when the rollout is one of episodes, else None.
+      metrics: the rollout's own metrics for the step's row (an episode's turns and tool
+        calls), or None.
     """
 
     batch: Batch
@@ -119,6 +131,18 @@ class Rollout(NamedTuple):
     reward_parts: dict[str, np.ndarray]
     sample_s: float
     reward_weights: tuple[float, ...] = ()
+    attention_mask: np.ndarray | None = None
+    episodes: list | None = None
+    metrics: dict[str, float] | None = None
+
+    def texts(self, prompter: Prompter) -> list[str]:
+        """Each row's final completion as text: an episode's last turn, else the completion."""
+        if self.episodes is not None:
+            return [episode.final_text for episode in self.episodes]
+        return [
+            prompter.completion_text(row[mask].tolist())[0]
+            for row, mask in zip(self.tokens, self.completion_mask, strict=True)
+        ]
 
 
 class DrawnRollout(NamedTuple):
@@ -144,6 +168,10 @@ class DrawnRollout(NamedTuple):
     sharding: jax.sharding.Sharding | None
     shared_prefix: int
     began: float
+
+    def from_now(self) -> "DrawnRollout":
+        """The same draw, its sampling time counted from now (its sampler starts now)."""
+        return self._replace(began=time.perf_counter())
 
     def scored(self) -> Rollout:
         """The `Rollout`: the completions brought to the host and scored."""
@@ -181,6 +209,98 @@ class DrawnRollout(NamedTuple):
             parts,
             sample_s,
             weights,
+        )
+
+
+class Drawn(Protocol):
+    """A batch of prompts being rolled out: its samples on the device, scored on demand.
+
+    Attributes:
+      samples: the rows' tokens and masks on the device (`dew.sampling.Samples`), for a pass
+        (the reference's) to start on before the rows are scored.
+      shared_prefix: the positions every group's rows hold in common (`Batch.shared_prefix`).
+    """
+
+    samples: Samples
+    shared_prefix: int
+
+    def scored(self) -> Rollout:
+        """The scored `Rollout`, waited for."""
+        ...
+
+    def from_now(self) -> Self:
+        """The same draw, its sampling time counted from now."""
+        ...
+
+
+class Rollouts(Protocol):
+    """How prompts become a scored rollout: one turn (`SingleTurn`), or episodes of several.
+
+    The trainer (including the rollout it draws while the update before it runs), `evaluate`
+    and `dew.inference` call `draw` and nothing else, so each works with any implementation.
+    """
+
+    def draw(
+        self,
+        graphdef: nnx.GraphDef,
+        params,
+        prompter: Prompter,
+        prompts: Prompts,
+        group: int,
+        key: jax.Array,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        kv_cache: bool = True,
+        sharding: jax.sharding.Sharding | None = None,
+    ) -> Drawn:
+        """`group` rollouts of each of `prompts`, dispatched; `scored()` waits for them."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleTurn:
+    """One completion per row, sampled in one compiled call: `draw_rollout`.
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> from dew.models.llama import build
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+      >>> prompts = prompter.draw(np.random.default_rng(0), 2)
+      >>> drawn = SingleTurn().draw(graphdef, params, prompter, prompts, 2, jax.random.key(0))
+      >>> drawn.scored().rewards.shape
+      (4,)
+    """
+
+    def draw(
+        self,
+        graphdef: nnx.GraphDef,
+        params,
+        prompter: Prompter,
+        prompts: Prompts,
+        group: int,
+        key: jax.Array,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        kv_cache: bool = True,
+        sharding: jax.sharding.Sharding | None = None,
+    ) -> "DrawnRollout":
+        """`draw_rollout` of the prompts."""
+        return draw_rollout(
+            graphdef,
+            params,
+            prompter,
+            prompts,
+            group,
+            key,
+            temperature=temperature,
+            top_p=top_p,
+            kv_cache=kv_cache,
+            sharding=sharding,
         )
 
 
@@ -228,7 +348,7 @@ def draw_rollout(
         max_new_tokens=prompter.max_new_tokens,
         temperature=float(temperature),
         top_p=float(top_p),
-        eos_id=prompter.stop_id,
+        stop_ids=(prompter.stop_id,),
         pad_id=prompter.pad_id,
         kv_cache=kv_cache,
         group=group,

@@ -173,11 +173,25 @@ class Prompter:
         columns, with `completion_ids` and `finished` (`dew.rewards.score_texts`).
         """
         texts, finished = zip(*(self.completion_text(ids) for ids in completions), strict=True)
+        extra = {"completion_ids": [list(ids) for ids in completions], "finished": list(finished)}
+        return self.score_text(examples, list(texts), extra)
+
+    def score_text(
+        self,
+        examples: Sequence[dict[str, Any]],
+        texts: Sequence[str],
+        extra: dict[str, list],
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """`score` of completions given as text, the reward functions also getting `extra`.
+
+        An episode's rewards get its last turn's text and, in `extra`, its `messages`,
+        `completion_ids` and `finished`.
+        """
         names = {name for example in examples for name in example} - {"prompt"}
         columns: dict[str, list] = {
             name: [example.get(name) for example in examples] for name in sorted(names)
         }
-        columns.update(completion_ids=[list(ids) for ids in completions], finished=list(finished))
+        columns.update(extra)
         prompts = [example["prompt"] for example in examples]
         return score_texts(self.rewards, prompts, list(texts), columns)
 

@@ -241,14 +241,16 @@ def _take_groups(
         for name in parts[0].reward_parts
     }
     components = _reward_components(scores)
-    arrays = (*(rows(name) for name in names), components)
-    *fields, reward_components = _placed(arrays, sharding)
+    present = None if parts[0].attention_mask is None else rows("attention_mask")
+    arrays = (*(rows(name) for name in names), components, present)
+    *fields, reward_components, attention_mask = _placed(arrays, sharding)
     return Batch(
         *fields,
         group=group,
         reward_components=reward_components,
         reward_weights=parts[0].reward_weights,
         shared_prefix=_shared_prefix(arrays[1], group),
+        attention_mask=attention_mask,
     )
 
 

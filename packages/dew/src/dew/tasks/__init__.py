@@ -6,8 +6,9 @@ text (`dew.rewards`). The model's tokenizer and chat template turn examples into
 (`dew.rollout.Prompter`); tasks never see token ids.
 
 Built in: the digit tasks `reverse` (the default), `sort`, `copy` and `add` (`dew.tasks.digits`),
-`arithmetic` word problems (`dew.tasks.arithmetic`), and any JSON Lines or Parquet file of
-examples (`dew train --data FILE`, `dew.tasks.dataset`).
+`arithmetic` word problems (`dew.tasks.arithmetic`), the number-guessing game `guess`, played
+over several turns with `--environment dew.tasks.guess:NumberGuess` (`dew.tasks.guess`), and any
+JSON Lines or Parquet file of examples (`dew train --data FILE`, `dew.tasks.dataset`).
 
 Adding a task: write a class with `name`, `rewards`, `max_new_tokens`, `examples`, `heldout` and
 `longest_prompt`, or subclass one of these, and register a factory for it, here or through the
@@ -35,6 +36,7 @@ from dew.rewards import Reward
 from dew.tasks.arithmetic import Arithmetic
 from dew.tasks.dataset import Dataset, load_examples, to_examples
 from dew.tasks.digits import Add, Copy, DigitTask, Reverse, Sort, position_credit
+from dew.tasks.guess import Guess as _Guess
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -91,6 +93,7 @@ _REGISTRY: dict[str, Callable[..., Task]] = {
     "copy": Copy,
     "add": Add,
     "arithmetic": Arithmetic,
+    "guess": _Guess,
 }
 
 

@@ -113,7 +113,7 @@ def plan(batch: Batch, micro_batches: int = 1, devices: int = 1) -> Packing:
     """
     if batch.segments is not None:
         raise ValueError("--pack: the batch is packed already (it has segments)")
-    lengths = chain_lengths(*to_host((batch.prompt_mask, batch.completion_mask)))
+    lengths = chain_lengths(*to_host((batch.prompt_mask, batch.present_mask)))
     size, width = batch.tokens.shape
     micro = _micro_index(size, batch.group, micro_batches)
     rows, offsets = np.zeros(size, np.int64), np.zeros(size, np.int64)

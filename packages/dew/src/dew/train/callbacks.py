@@ -1,25 +1,27 @@
 """Callbacks: what happens around each training step, one job each.
 
 The `Trainer` calls every callback's hooks in order: `on_start` once, `on_metrics` with every
-step's metrics row (a failing step's too, before it is checked), `on_step` after a step whose
-loss is finite, and `on_end` once, however the run ends. The run folder's files come from the
-built-in ones: `MetricsLog` (`metrics.jsonl`), `Progress` (the live display), `Checkpointing`
-(`checkpoints/`), `RewardPlot` (`reward.png`) and `SampleLog` (`samples.jsonl`).
+step's metrics row (a failing step's too, before it is checked), `on_step` with the step's
+`StepRecord` after a step whose loss is finite, and `on_end` once, however the run ends. Each
+hook gets the run as a `TrainingRun`: what a callback may read of it and `save()`, nothing
+more. The run folder's files come from the built-in ones: `MetricsLog` (`metrics.jsonl`),
+`Progress` (the live display), `Checkpointing` (`checkpoints/`), `RewardPlot` (`reward.png`) and
+`SampleLog` (`samples.jsonl`).
 """
 
+import dataclasses
 import json
 import math
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rich.console import Console
 
+from dew.rollout.generate import Rollout
+from dew.rollout.prompter import Prompter
 from dew.train.runlog import _Display, _MetricsFile
-
-if TYPE_CHECKING:
-    from dew.train.trainer import Trainer
 
 __all__ = [
     "Callback",
@@ -28,10 +30,59 @@ __all__ = [
     "Progress",
     "RewardPlot",
     "SampleLog",
+    "StepRecord",
+    "TrainingRun",
 ]
 
 _SAMPLES_PER_STEP = 4
 """How many of a step's completions `SampleLog` writes: the first of as many prompts."""
+
+
+class TrainingRun(Protocol):
+    """What a callback sees of the run (the `Trainer` is one).
+
+    Attributes:
+      run_dir: the run folder.
+      step: the last step done.
+      last_step: the step the run ends at (`--steps`).
+      prompter: the task in the model's tokens.
+      history: the metrics rows so far, a resumed run's earlier ones included.
+    """
+
+    run_dir: Path
+    prompter: Prompter
+    step: int
+
+    @property
+    def last_step(self) -> int: ...
+
+    @property
+    def history(self) -> list[dict[str, Any]]: ...
+
+    def save(self) -> None:
+        """Start checkpointing the run's current state as its current step's checkpoint."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """A finished step: its number, its metrics row and its scored rollout.
+
+    `record[name]` reads the metrics row, as callbacks written against the row do.
+
+    Examples:
+      >>> record = StepRecord(3, {"step": 3, "reward": 0.5}, rollout=None)
+      >>> record["reward"], record.step
+      (0.5, 3)
+    """
+
+    step: int
+    metrics: dict[str, Any]
+    rollout: Rollout | None
+
+    def __getitem__(self, name: str) -> Any:
+        """The metric `name` of the step's row."""
+        return self.metrics[name]
 
 
 class Callback:
@@ -41,22 +92,22 @@ class Callback:
       >>> class Rewards(Callback):
       ...     def __init__(self):
       ...         self.seen = []
-      ...     def on_step(self, trainer, row):
-      ...         self.seen.append(round(row["reward"], 2))
+      ...     def on_step(self, run, record):
+      ...         self.seen.append(round(record["reward"], 2))
       >>> Rewards().seen
       []
     """
 
-    def on_start(self, trainer: "Trainer") -> None:
+    def on_start(self, run: TrainingRun) -> None:
         """Before the first step."""
 
-    def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+    def on_metrics(self, run: TrainingRun, row: dict[str, Any]) -> None:
         """With each step's metrics row, before the step is checked."""
 
-    def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+    def on_step(self, run: TrainingRun, record: StepRecord) -> None:
         """After a step whose loss is finite."""
 
-    def on_end(self, trainer: "Trainer") -> None:
+    def on_end(self, run: TrainingRun) -> None:
         """Once, when the run finishes or stops."""
 
 
@@ -77,7 +128,7 @@ class MetricsLog(Callback):
         """The rows written so far."""
         return self.file.rows
 
-    def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+    def on_metrics(self, run: TrainingRun, row: dict[str, Any]) -> None:
         self.file.append(row)
 
 
@@ -87,13 +138,13 @@ class Progress(Callback):
     def __init__(self, total: int, start: int, console: Console | None, quiet: bool):
         self.display = _Display(total, start, console, quiet)
 
-    def on_start(self, trainer: "Trainer") -> None:
+    def on_start(self, run: TrainingRun) -> None:
         self.display.begin()
 
-    def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+    def on_metrics(self, run: TrainingRun, row: dict[str, Any]) -> None:
         self.display.update(row)
 
-    def on_end(self, trainer: "Trainer") -> None:
+    def on_end(self, run: TrainingRun) -> None:
         self.display.close()
 
 
@@ -108,14 +159,13 @@ class Checkpointing(Callback):
         self.every, self.minutes = every, minutes
         self.saved_at = time.monotonic()
 
-    def on_start(self, trainer: "Trainer") -> None:
+    def on_start(self, run: TrainingRun) -> None:
         self.saved_at = time.monotonic()
 
-    def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
-        step = row["step"]
+    def on_step(self, run: TrainingRun, record: StepRecord) -> None:
         due = self.minutes and time.monotonic() - self.saved_at >= 60 * self.minutes
-        if step % self.every == 0 or step == trainer.config.run.steps or due:
-            trainer.save()
+        if record.step % self.every == 0 or record.step == run.last_step or due:
+            run.save()
             self.saved_at = time.monotonic()
 
 
@@ -129,13 +179,13 @@ class RewardPlot(Callback):
     def __init__(self, path: Path, title: str):
         self.path, self.title = path, title
 
-    def on_end(self, trainer: "Trainer") -> None:
+    def on_end(self, run: TrainingRun) -> None:
         from dew.train.plot import plot_run  # matplotlib loads only when a plot is drawn
 
-        if not trainer.log.rows:
+        if not run.history:
             return
         try:
-            plot_run(trainer.log.rows, self.path, self.title)
+            plot_run(run.history, self.path, self.title)
         except OSError as error:
             reason = error.strerror or error
             print(f"dew: warning: could not write {self.path}: {reason}", file=sys.stderr)
@@ -145,40 +195,43 @@ class SampleLog(Callback):
     """Appends a few of the step's samples to `samples.jsonl` every `every` steps (0: never).
 
     Each line: the step, the prompt, the completion's text, its reward and each reward
-    function's score (null where it could not judge).
+    function's score (null where it could not judge); for an episode also `messages`, the
+    whole conversation (tool calls and results included).
     """
 
     def __init__(self, path: Path, every: int):
         self.path, self.every = path, every
 
-    def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
-        step = row["step"]
-        if not self.every or step % self.every:
+    def on_step(self, run: TrainingRun, record: StepRecord) -> None:
+        step, sampled = record.step, record.rollout
+        if not self.every or step % self.every or sampled is None:
             return
-        lines = [json.dumps(s, ensure_ascii=False) + "\n" for s in _step_samples(trainer, step)]
+        lines = [
+            json.dumps(sample, ensure_ascii=False) + "\n"
+            for sample in _step_samples(run.prompter, sampled, step)
+        ]
         with self.path.open("a", encoding="utf-8") as out:
             out.writelines(lines)
 
 
-def _step_samples(trainer: "Trainer", step: int) -> list[dict[str, Any]]:
-    """A few of the last rollout's samples, as `samples.jsonl` holds them."""
-    sampled, prompter = trainer.last_rollout, trainer.prompter
+def _step_samples(prompter: Prompter, sampled: Rollout, step: int) -> list[dict[str, Any]]:
+    """A few of a step's rollout samples, as `samples.jsonl` holds them."""
     group = sampled.batch.group
+    texts = sampled.texts(prompter)
     samples = []
     for index in range(0, min(len(sampled.rewards), group * _SAMPLES_PER_STEP), group):
-        ids = sampled.tokens[index][sampled.completion_mask[index]]
-        text, _ = prompter.completion_text(ids.tolist())
         parts = {
             name: None if math.isnan(values[index]) else float(values[index])
             for name, values in sampled.reward_parts.items()
         }
-        samples.append(
-            {
-                "step": step,
-                "prompt": sampled.examples[index]["prompt"],
-                "completion": text,
-                "reward": float(sampled.rewards[index]),
-                "rewards": parts,
-            }
-        )
+        sample = {
+            "step": step,
+            "prompt": sampled.examples[index]["prompt"],
+            "completion": texts[index],
+            "reward": float(sampled.rewards[index]),
+            "rewards": parts,
+        }
+        if sampled.episodes is not None:
+            sample["messages"] = sampled.episodes[index].messages
+        samples.append(sample)
     return samples

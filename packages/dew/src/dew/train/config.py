@@ -7,6 +7,7 @@ function compiled, so a bad option costs nothing but its one-line message.
 """
 
 import dataclasses
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from dew.tokenizers import DIGITS, Tokenizer
 __all__ = [
     "CHECKPOINT_DEFAULTS",
     "ConfigError",
+    "EpisodeOptions",
     "EvalOptions",
     "LoRAOptions",
     "MemoryOptions",
@@ -232,6 +234,25 @@ class PrecisionOptions:
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
+@dataclasses.dataclass(frozen=True)
+class EpisodeOptions:
+    """Episodes of several turns, with `--tool` or `--environment`, and their caps.
+
+    Attributes:
+      max_turns: assistant turns per episode.
+      max_episode_tokens: tokens per episode after the prompt, sampled and context together.
+      max_result_tokens: tokens per tool result; a longer one is cut there.
+      max_calls_per_turn: tool calls run per turn; the rest are answered with an error.
+      tool_timeout: seconds a tool call may take before it is answered with a timeout error.
+    """
+
+    max_turns: int = option(4, AT_LEAST_ONE)
+    max_episode_tokens: int = option(512, AT_LEAST_ONE)
+    max_result_tokens: int = option(256, AT_LEAST_ONE)
+    max_calls_per_turn: int = option(4, AT_LEAST_ONE)
+    tool_timeout: float = option(10.0, POSITIVE)
+
+
 _SECTIONS = {
     "run": RunOptions,
     "prompting": PromptOptions,
@@ -243,6 +264,7 @@ _SECTIONS = {
     "memory": MemoryOptions,
     "precision": PrecisionOptions,
     "evaluation": EvalOptions,
+    "episodes": EpisodeOptions,
 }
 
 
@@ -260,6 +282,10 @@ class TrainConfig:
       data: examples to train on, in place of `--task`: a .jsonl or .parquet file, a folder
         datasets' save_to_disk wrote, or NAME:SPLIT of a dataset in the Hugging Face cache.
       rewards: the reward functions (`NAME[=WEIGHT]`), in place of the task's.
+      tools: tools the model may call (`module:function` or a `dew.tools` entry point): each
+        rollout is then an episode of several turns.
+      environment: an environment class (`module:Class`) the model plays, one instance per
+        episode.
       run: steps, seed, run folder, resume, checkpoints.
       prompting: system prompt and token budgets.
       rollout: prompts, group and sampling.
@@ -270,6 +296,7 @@ class TrainConfig:
       memory: memory-saving forms of the update.
       precision: the dtypes weights are stored and computed in.
       evaluation: held-out evaluation and samples.
+      episodes: the caps of an episode (with tools or an environment).
       objective_options: the objective's hyperparameters (its dataclass fields).
       task_options: the task's constructor arguments (`min_len`, `max_len` for the digit tasks).
       reward_options: the reward functions' keyword options, as `{"NAME.KEY": value}`.
@@ -289,6 +316,8 @@ class TrainConfig:
     model: str = "default"
     data: str | None = None
     rewards: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    environment: str | None = None
     run: RunOptions = RunOptions()
     prompting: PromptOptions = PromptOptions()
     rollout: RolloutOptions = RolloutOptions()
@@ -299,6 +328,7 @@ class TrainConfig:
     memory: MemoryOptions = MemoryOptions()
     precision: PrecisionOptions = PrecisionOptions()
     evaluation: EvalOptions = EvalOptions()
+    episodes: EpisodeOptions = EpisodeOptions()
     objective_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     reward_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -355,6 +385,7 @@ class TrainConfig:
             elif name in known:
                 flat[name] = value
         flat["rewards"] = tuple(flat.get("rewards", ()))
+        flat["tools"] = tuple(flat.get("tools", ()))
         return cls().replace(**flat)
 
 
@@ -505,6 +536,61 @@ def _make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGIT
         )
     except ValueError as error:
         raise ConfigError(str(error)) from error
+
+
+def _make_rollouts(config: TrainConfig):
+    """How the run's prompts become rollouts: episodes with `--tool`s or an `--environment`.
+
+    Examples:
+      >>> type(_make_rollouts(TrainConfig())).__name__
+      'SingleTurn'
+      >>> _make_rollouts(TrainConfig(environment="nowhere:Game"))
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --environment 'nowhere:Game': no module named 'nowhere'
+    """
+    from dew.rollout.generate import SingleTurn
+
+    if not config.tools and config.environment is None:
+        return SingleTurn()
+    from dew.rollout.episode import EpisodeLimits, Episodes
+
+    environment = None if config.environment is None else _load_environment(config.environment)
+    tools = []
+    if config.tools:
+        from dew.tools import load_tool
+
+        for spec in config.tools:
+            try:
+                tools.append(load_tool(spec))
+            except ValueError as error:
+                raise ConfigError(f"--tool {spec!r}: {error}") from error
+    caps = config.episodes
+    limits = EpisodeLimits(
+        max_turns=caps.max_turns,
+        max_episode_tokens=caps.max_episode_tokens,
+        max_result_tokens=caps.max_result_tokens,
+        max_calls=caps.max_calls_per_turn,
+        tool_timeout=caps.tool_timeout,
+    )
+    return Episodes(tools=tools, environment=environment, limits=limits)
+
+
+def _load_environment(spec: str) -> type:
+    """The class `module:Class` names; `ConfigError` naming `--environment` when it cannot."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"--environment {spec!r}: expected module:Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"--environment {spec!r}: no module named {error.name!r}") from error
+    environment = getattr(module, name, None)
+    if not isinstance(environment, type) or not callable(getattr(environment, "step", None)):
+        raise ConfigError(
+            f"--environment {spec!r}: {module_name} has no class {name} with reset and step"
+        )
+    return environment
 
 
 def validate(config: TrainConfig, objective: Objective, device_count: int | None = None) -> None:

@@ -13,14 +13,11 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dew.train._folder import LOCK
-from dew.train.callbacks import Callback
+from dew.train.callbacks import Callback, TrainingRun
 from dew.train.runlog import CONFIG, read_config, read_metrics
-
-if TYPE_CHECKING:
-    from dew.train.trainer import Trainer
 
 __all__ = [
     "END",
@@ -59,9 +56,9 @@ class RunEnd(Callback):
     def __init__(self, run_dir: Path):
         self.path = run_dir / END
 
-    def on_end(self, trainer: "Trainer") -> None:
+    def on_end(self, run: TrainingRun) -> None:
         error = sys.exc_info()[1]
-        record = {"status": _ending_status(), "step": trainer.step}
+        record = {"status": _ending_status(), "step": run.step}
         if error is not None and not isinstance(error, KeyboardInterrupt):
             record["error"] = f"{type(error).__name__}: {error}"
         with contextlib.suppress(OSError):  # the error that stopped the run is the one to show

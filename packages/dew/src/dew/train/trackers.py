@@ -28,14 +28,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from dew.options import ConfigError
-from dew.train.callbacks import Callback, _step_samples
+from dew.train.callbacks import Callback, StepRecord, TrainingRun, _step_samples
 from dew.train.runs import _ending_status
-
-if TYPE_CHECKING:
-    from dew.train.trainer import Trainer
 
 __all__ = [
     "STATE",
@@ -420,8 +417,10 @@ class Reporting(Callback):
         trackers: Mapping[str, Callable[[TrackerRun], Tracker]],
         run_dir: Path,
         samples_every: int = 0,
+        hyperparameters: Mapping[str, Any] | None = None,
     ):
         self.trackers, self.run_dir, self.samples_every = dict(trackers), run_dir, samples_every
+        self.hyperparameters = dict(hyperparameters or {})
         self.opened: dict[str, Tracker] = {}
         self.through: dict[str, int] = {}
 
@@ -488,19 +487,18 @@ class Reporting(Callback):
             partial.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
             partial.replace(self.run_dir / STATE)
 
-    def on_start(self, trainer: "Trainer") -> None:
-        config = {**dataclasses.asdict(trainer.config), "task": trainer.task.name}
-        self.open(config, trainer.log.rows)
+    def on_start(self, run: TrainingRun) -> None:
+        self.open(self.hyperparameters, run.history)
 
-    def on_metrics(self, trainer: "Trainer", row: dict[str, Any]) -> None:
+    def on_metrics(self, run: TrainingRun, row: dict[str, Any]) -> None:
         self.report(row)
 
-    def on_step(self, trainer: "Trainer", row: dict[str, Any]) -> None:
-        step = row["step"]
-        if self.samples_every and step % self.samples_every == 0:
-            self.report_samples(step, _step_samples(trainer, step))
+    def on_step(self, run: TrainingRun, record: StepRecord) -> None:
+        step = record.step
+        if self.samples_every and step % self.samples_every == 0 and record.rollout is not None:
+            self.report_samples(step, _step_samples(run.prompter, record.rollout, step))
 
-    def on_end(self, trainer: "Trainer") -> None:
+    def on_end(self, run: TrainingRun) -> None:
         self.close(_ending_status())
 
 
@@ -514,9 +512,12 @@ def _read_state(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-def _reporting(report_to: str | None, run_dir: Path, samples_every: int) -> list[Callback]:
+def _reporting(
+    report_to: str | None, run_dir: Path, samples_every: int, hyperparameters: Mapping[str, Any]
+) -> list[Callback]:
     """The `Reporting` callback of `--report-to` (as a list: none when it names no tracker)."""
     names = tracker_names(report_to)
     if not names:
         return []
-    return [Reporting({name: _OPENERS[name] for name in names}, run_dir, samples_every)]
+    openers = {name: _OPENERS[name] for name in names}
+    return [Reporting(openers, run_dir, samples_every, hyperparameters)]

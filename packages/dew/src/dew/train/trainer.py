@@ -33,7 +33,7 @@ from dew.models.lora import _adapters_off, add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.objective import Objective
 from dew.rollout import Prompter, Prompts, Rollout, StepRollout
-from dew.rollout.generate import DrawnRollout, draw_rollout
+from dew.rollout.generate import Drawn, Rollouts
 from dew.tasks import Task
 from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
@@ -47,6 +47,7 @@ from dew.train.callbacks import (
     Progress,
     RewardPlot,
     SampleLog,
+    StepRecord,
 )
 from dew.train.checkpoint import Checkpoints
 from dew.train.config import (
@@ -54,6 +55,7 @@ from dew.train.config import (
     RunOptions,
     TrainConfig,
     _make_prompter,
+    _make_rollouts,
     _resolve,
     _with_data,
     validate,
@@ -124,7 +126,7 @@ class _Ahead:
     frozen: Any
     prompts: Prompts
     key: jax.Array
-    drawn: DrawnRollout
+    drawn: Drawn
     reference: jax.Array | None
 
     def holds(self, step: int, params, frozen) -> bool:
@@ -140,6 +142,8 @@ class Trainer:
     initialised, and a resumed run restores its last checkpoint. In a run of several processes
     (`dew.distributed`) every process builds a `Trainer` with the same config; process 0 alone
     writes the run folder's files and prints, and every process saves its part of each checkpoint.
+    `rollouts` says how prompts become scored rollouts (`dew.rollout.Rollouts`): one turn by
+    default, or episodes (`dew.rollout.episode.Episodes`).
 
     Examples:
       >>> import shutil, tempfile
@@ -161,6 +165,7 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         console: Console | None = None,
         quiet: bool = False,
+        rollouts: Rollouts | None = None,
     ):
         try:
             source: ModelSource = resolve_model(config.model)
@@ -173,6 +178,7 @@ class Trainer:
         width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
         rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
         check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
+        self.rollouts: Rollouts = rollouts or _make_rollouts(config)
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
         check_folder(self.run_dir, config.run.resume)
@@ -199,7 +205,12 @@ class Trainer:
             Checkpointing(config.run.checkpoint_every, config.run.checkpoint_minutes),
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
-            *_reporting(config.run.report_to, self.run_dir, config.evaluation.samples_every),
+            *_reporting(
+                config.run.report_to,
+                self.run_dir,
+                config.evaluation.samples_every,
+                {**dataclasses.asdict(config), "task": self.task.name},
+            ),
             RunEnd(self.run_dir),
         ]
         # Every process saves its part of a checkpoint; only the first writes and prints the rest.
@@ -365,7 +376,7 @@ class Trainer:
     def _draw(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
         """`sample`'s completions and their reference log-probs (or None), dispatched."""
         options = self.config.rollout
-        drawn = draw_rollout(
+        drawn = self.rollouts.draw(
             self.graphdef,
             self.policy_params(),
             self.prompter,
@@ -391,7 +402,6 @@ class Trainer:
         if ahead is None or not ahead.holds(step, self.params, self.frozen):
             ahead = self._draw_ahead(step)
         sampled = _scored(ahead.drawn, ahead.reference)
-        self.last_rollout = sampled
         return StepRollout(
             sampled,
             ahead.prompts,
@@ -432,8 +442,7 @@ class Trainer:
             self.ahead = self._draw_ahead(draw_next)
         metrics = to_host(metrics)
         if self.ahead is not None:  # its sampler starts now, the update done
-            drawn = self.ahead.drawn._replace(began=time.perf_counter())
-            self.ahead = dataclasses.replace(self.ahead, drawn=drawn)
+            self.ahead = dataclasses.replace(self.ahead, drawn=self.ahead.drawn.from_now())
         return {**{k: v.item() for k, v in metrics.items()}, **packed}
 
     def evaluate_phase(self, step: int) -> dict[str, float]:
@@ -452,14 +461,29 @@ class Trainer:
             temperature=self.config.rollout.temperature,
             key=jax.random.fold_in(jax.random.key(self.config.run.seed), _EVAL_STREAM + step),
             kv_cache=self.config.rollout.kv_cache,
+            rollouts=self.rollouts,
         )
         return {**metrics, "eval_s": time.perf_counter() - began}
 
+    @property
+    def last_step(self) -> int:
+        """The step the run ends at (`--steps`)."""
+        return self.config.run.steps
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The metrics rows so far, a resumed run's earlier ones included."""
+        return self.log.rows
+
     def train_step(self, step: int) -> dict[str, Any]:
-        """Rollout, batch, update, evaluation: the metrics row of step `step`."""
+        """Rollout, batch, update, evaluation: the metrics row of step `step`.
+
+        The step's scored rollout is kept for its `StepRecord` until the next step.
+        """
         began = time.perf_counter()
         try:
             rolled = self.rollout_phase(step)
+            self._rolled = rolled.sampled
             batch, source_metrics = self.objective.source.batch(rolled)
             if batch.ref_log_probs is None:  # a source of its own rows: the update's pass runs
                 self.reference_spec = None
@@ -528,8 +552,9 @@ class Trainer:
                 finite = row.pop("finite")
                 self._record(row)
                 self._check({**row, "finite": finite})
+                record = StepRecord(step, row, self._rolled)
                 for callback in self.callbacks:
-                    callback.on_step(self, row)
+                    callback.on_step(self, record)
             self.finish_save()
         finally:
             unsettle()
@@ -541,7 +566,7 @@ class Trainer:
         return self.log.rows
 
 
-def _scored(drawn: DrawnRollout, reference: jax.Array | None) -> Rollout:
+def _scored(drawn: Drawn, reference: jax.Array | None) -> Rollout:
     """`drawn`'s scored `Rollout`, its batch carrying `reference` as `ref_log_probs` if given."""
     sampled = drawn.scored()
     if reference is None:
@@ -568,6 +593,7 @@ def _rollout_metrics(rolled: StepRollout) -> dict[str, float]:
         "sampled_nll": float(-sampled.behavior_log_probs[sampled.completion_mask].mean()),
         "sampler_tokens_per_s": float(sampled.completion_mask.sum()) / sampled.sample_s,
         "prompts_dropped": float(rolled.prompts.dropped),
+        **(sampled.metrics or {}),
     }
 
 
@@ -577,13 +603,13 @@ class _Hooks(Callback):
     def __init__(self, on_start, on_step):
         self.start, self.step = on_start, on_step
 
-    def on_start(self, trainer: Trainer) -> None:
+    def on_start(self, run) -> None:
         if self.start is not None:
-            self.start(trainer.run_dir)
+            self.start(run.run_dir)
 
-    def on_step(self, trainer: Trainer, row: dict[str, Any]) -> None:
+    def on_step(self, run, record: StepRecord) -> None:
         if self.step is not None:
-            self.step(row["step"], row)
+            self.step(record.step, record.metrics)
 
 
 def train(
@@ -597,6 +623,7 @@ def train(
     quiet: bool = False,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     on_start: Callable[[Path], None] | None = None,
+    rollouts: Rollouts | None = None,
 ) -> TrainResult:
     """Train a policy on a task with an objective; the `TrainResult`.
 
@@ -604,7 +631,8 @@ def train(
     `config.objective` and `config.task` name them. `data`, in place of a task, is the examples
     to train on: a path (as `--data` takes), a list of dicts, a `datasets.Dataset` or a pandas
     DataFrame. `on_start(run_dir)` runs once the run folder exists, `on_step(step, metrics)`
-    after each step; `callbacks` get every hook.
+    after each step; `callbacks` get every hook. `rollouts` says how prompts become scored
+    rollouts (one turn by default, `Trainer`).
 
     Examples:
       >>> import shutil, tempfile
@@ -626,10 +654,13 @@ def train(
         callbacks=[*hooks, *callbacks],
         console=console,
         quiet=quiet,
+        rollouts=rollouts,
     )
     history = trainer.run()
     params = trainer.policy_params()
-    greedy = greedy_reward(trainer.graphdef, params, trainer.prompter, config)
+    greedy = greedy_reward(
+        trainer.graphdef, params, trainer.prompter, config, rollouts=trainer.rollouts
+    )
     final = history[-1]["reward"] if history else float("nan")
     return TrainResult(
         trainer.run_dir,
@@ -644,11 +675,17 @@ def train(
 
 
 def greedy_reward(
-    graphdef, params, prompter: Prompter, config: TrainConfig, n: int | None = None
+    graphdef,
+    params,
+    prompter: Prompter,
+    config: TrainConfig,
+    n: int | None = None,
+    rollouts: Rollouts | None = None,
 ) -> float:
     """The mean reward of greedy completions of the task's held-out prompts (NaN if none fits).
 
-    `n` prompts, by default `--prompts` times `--group`.
+    `n` prompts, by default `--prompts` times `--group`, rolled out by `rollouts` (one turn by
+    default).
 
     Examples:
       >>> from dew.models.llama import build
@@ -674,5 +711,6 @@ def greedy_reward(
         temperature=0.0,
         key=jax.random.key(0),
         kv_cache=options.kv_cache,
+        rollouts=rollouts,
     )
     return metrics["eval/reward"]

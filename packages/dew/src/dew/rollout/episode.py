@@ -1,0 +1,560 @@
+"""Episodes: rollouts of several turns, in which the model calls tools or plays an environment.
+
+Each row is one episode. A turn samples every unfinished row until it draws a stop id (the
+template's end of turn, or EOS) with `dew.sampling.continue_state`; the host then parses each
+row's turn for tool calls (a `ToolCallParser`, Hermes by default), runs them on a `ToolRunner`'s
+thread pool with a time limit per call, or hands the turn to the row's environment, and renders
+what comes back as the tokens the chat template appends (`dew.tools.appended_tokens`). Those
+tokens extend the sampler's state (`dew.sampling.extend_state`, the KV cache extended at their
+positions, never re-prefilled) and the next turn continues. Rows finish at different turns: a
+turn without calls, an environment that answers None, or a cap.
+
+The row that reaches the trainer holds the prompt, the turns, and the context between them; only
+the sampled tokens are trained (`Batch.completion_mask`), the context is only present
+(`Batch.attention_mask`). Reward functions keep TRL's signature, their `completions` the last
+turn's text, and also get `messages`, the whole conversation.
+
+Reference: TRL's `GRPOTrainer` tool loop (`tools=`, `environment_factory`), verl's multi-turn
+rollout; the loss mask over the model's own tokens as both.
+"""
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dew.batch import Batch
+from dew.rollout.generate import Rollout, _reward_components, _shared_prefix
+from dew.rollout.prompter import Prompter, Prompts
+from dew.sampling import SamplerState, Samples, continue_state, extend_state, prefill_state
+
+__all__ = [
+    "Environment",
+    "Episode",
+    "EpisodeLimits",
+    "Episodes",
+    "episode_metrics",
+]
+
+
+class Environment(Protocol):
+    """A multi-turn task played by the model; one instance per episode.
+
+    `reset(**columns)` takes the dataset row's columns and returns the first user turn (a text,
+    or a list of messages); `step(assistant_message)` returns the observation that follows the
+    model's turn (a text, or a list of messages), or None to end the episode. An environment
+    may also define `reward(**kwargs) -> float`: called once at the end with the episode's
+    `messages`, `completion` and the row's columns, its value is one more reward component,
+    named `environment`.
+    """
+
+    def reset(self, **columns: Any) -> str | list[dict]: ...
+
+    def step(self, assistant_message: dict) -> str | list[dict] | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimits:
+    """The caps on an episode, each range-checked when made.
+
+    Attributes:
+      max_turns: the most assistant turns an episode has (at least 1).
+      max_episode_tokens: the most tokens after the prompt, sampled and context together: the
+        episode's context. A turn or an observation that would pass it ends the episode.
+      max_turn_tokens: the most tokens one turn samples (default: the prompter's
+        `max_new_tokens`).
+      max_result_tokens: the most tokens of one tool result; a longer one is cut there and
+        counted as truncated.
+      max_calls: the most tool calls of one turn that are run; the rest are answered with an
+        error.
+      tool_timeout: seconds one tool call may take before it is answered with a timeout error.
+
+    Examples:
+      >>> EpisodeLimits(max_turns=3).max_turns
+      3
+      >>> EpisodeLimits(max_turns=0)
+      Traceback (most recent call last):
+      ...
+      ValueError: max_turns must be at least 1, got 0
+    """
+
+    max_turns: int = 4
+    max_episode_tokens: int = 512
+    max_turn_tokens: int | None = None
+    max_result_tokens: int = 256
+    max_calls: int = 4
+    tool_timeout: float = 10.0
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_episode_tokens", "max_result_tokens", "max_calls"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value!r}")
+        turn = self.max_turn_tokens
+        if turn is not None and (not isinstance(turn, int) or not turn >= 1):
+            raise ValueError(f"max_turn_tokens must be at least 1, got {turn!r}")
+        if not 0 < self.tool_timeout < float("inf"):
+            raise ValueError(
+                f"tool_timeout must be a positive number of seconds, got {self.tool_timeout!r}"
+            )
+
+
+@dataclasses.dataclass
+class Episode:
+    """One row's episode, as it went.
+
+    Attributes:
+      messages: the whole conversation: the prompt's messages, each assistant turn (with its
+        `tool_calls`), each tool result and observation.
+      turns: assistant turns sampled.
+      tool_calls: tool calls made (run or answered with an error).
+      tool_errors: how many calls failed, by kind (`raised`, `timeout`, `unknown`,
+        `malformed`, `calls`: over `max_calls`).
+      tool_seconds: seconds the row's tool calls took, together.
+      truncated_results: tool results cut at `max_result_tokens`.
+      ended: why it ended: `answer` (a turn without calls), `environment` (its `step` returned
+        None), `turns`, `tokens` (a cap), or `unfinished` (a turn cut by its token cap).
+      final_ids: the last turn's sampled token ids.
+      finished: whether the last turn reached a stop id.
+    """
+
+    messages: list[dict]
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    tool_seconds: float = 0.0
+    truncated_results: int = 0
+    ended: str = ""
+    final_ids: list[int] = dataclasses.field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def final_text(self) -> str:
+        """The last assistant turn's text."""
+        for message in reversed(self.messages):
+            if message["role"] == "assistant":
+                return message.get("content") or ""
+        return ""
+
+
+def episode_metrics(episodes: Sequence[Episode], rollout_mask: np.ndarray, present: np.ndarray):
+    """The step's episode metrics: turns, tool calls and errors, tool seconds, truncations, tokens.
+
+    `turns` and `tool_calls` are means per episode, `tool_errors/<kind>` and
+    `truncated_results` counts over the step, `tool_s` the seconds of all calls, `episode_caps`
+    the episodes a cap ended; `sampled_tokens` and `context_tokens` are means per row of the
+    model's tokens and of the context between its turns.
+
+    Examples:
+      >>> episode = Episode([], turns=2, tool_calls=1, tool_errors={"timeout": 1}, ended="turns")
+      >>> sampled, present = np.array([[0, 1, 0, 1]], bool), np.ones((1, 4), bool)
+      >>> metrics = episode_metrics([episode], sampled, present)
+      >>> metrics["turns"], metrics["tool_errors/timeout"], metrics["context_tokens"]
+      (2.0, 1.0, 1.0)
+    """
+    kinds = sorted({kind for episode in episodes for kind in episode.tool_errors})
+    prompt_and_context = present & ~rollout_mask
+    first = np.argmax(rollout_mask, axis=1)
+    after_prompt = np.arange(present.shape[1])[None, :] > first[:, None]
+    return {
+        "turns": float(np.mean([e.turns for e in episodes])),
+        "tool_calls": float(np.mean([e.tool_calls for e in episodes])),
+        **{
+            f"tool_errors/{kind}": float(sum(e.tool_errors.get(kind, 0) for e in episodes))
+            for kind in kinds
+        },
+        "tool_s": float(sum(e.tool_seconds for e in episodes)),
+        "truncated_results": float(sum(e.truncated_results for e in episodes)),
+        "episode_caps": float(sum(e.ended in ("turns", "tokens", "unfinished") for e in episodes)),
+        "sampled_tokens": float(rollout_mask.sum(1).mean()),
+        "context_tokens": float((prompt_and_context & after_prompt).sum(1).mean()),
+    }
+
+
+class _Row:
+    """The host's view of one row while its episode runs."""
+
+    def __init__(self, example: dict, messages: list[dict], environment):
+        self.example, self.environment = example, environment
+        self.episode = Episode(messages=list(messages))
+        self.done = False
+
+
+def _as_messages(turn: str | list[dict], role: str = "user") -> list[dict]:
+    """A text as one message of `role`, or messages as they are.
+
+    Examples:
+      >>> _as_messages("hi")
+      [{'role': 'user', 'content': 'hi'}]
+    """
+    return [{"role": role, "content": turn}] if isinstance(turn, str) else list(turn)
+
+
+def _bucket(width: int) -> int:
+    """`width` rounded up to a power of two, at least 8: few shapes, few compilations.
+
+    Examples:
+      >>> _bucket(3), _bucket(9), _bucket(64)
+      (8, 16, 64)
+    """
+    return max(8, 1 << (max(width, 1) - 1).bit_length())
+
+
+@dataclasses.dataclass
+class Episodes:
+    """Rollouts of episodes: the tool loop, the environment loop, or both (`Rollouts`).
+
+    Attributes:
+      tools: plain typed functions the model may call (`dew.tools.json_schema` makes their
+        schemas, which the chat template shows the model).
+      environment: a class (`Environment`) instantiated once per episode, or None.
+      limits: the caps (`EpisodeLimits`).
+      parser: the tool-call format (`dew.tools.ToolCallParser`; default Hermes).
+
+    Examples:
+      >>> Episodes(limits=EpisodeLimits(max_turns=2)).limits.max_turns
+      2
+    """
+
+    tools: Sequence[Callable] = ()
+    environment: type | None = None
+    limits: EpisodeLimits = dataclasses.field(default_factory=EpisodeLimits)
+    parser: Any = None
+
+    def __post_init__(self):
+        self._runner = None
+        self.schemas = []
+        if self.tools:
+            toolkit = _toolkit()
+            self.parser = self.parser or toolkit.HermesParser()
+            self.schemas = [toolkit.json_schema(fn) for fn in self.tools]
+
+    def _tool_runner(self):
+        if self._runner is None and self.tools:
+            self._runner = _toolkit().ToolRunner(self.tools, timeout=self.limits.tool_timeout)
+        return self._runner
+
+    def close(self) -> None:
+        """Stop the tool runner's threads."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def draw(
+        self,
+        graphdef: nnx.GraphDef,
+        params,
+        prompter: Prompter,
+        prompts: Prompts,
+        group: int,
+        key: jax.Array,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        kv_cache: bool = True,
+        sharding: jax.sharding.Sharding | None = None,
+    ) -> "_Played":
+        """`group` episodes of each of `prompts`, played to their end (the host runs the turns)."""
+        began = time.perf_counter()
+        examples = [example for example in prompts.examples for _ in range(group)]
+        rows = [self._start(prompter, example) for example in examples]
+        ids = [self._render_prompt(prompter, row) for row in rows]
+        width = _bucket(max(len(p) for p in ids))
+        padded = np.full((len(ids), width), prompter.pad_id, np.int32)
+        for index, prompt in enumerate(ids):
+            padded[index, : len(prompt)] = prompt
+        lengths = np.array([len(p) for p in ids], np.int32)
+        same = all(ids[g] == ids[g - g % group] for g in range(len(ids)))
+        state = prefill_state(
+            graphdef,
+            params,
+            jnp.asarray(padded),
+            jnp.asarray(lengths),
+            room=self.limits.max_episode_tokens,
+            pad_id=prompter.pad_id,
+            kv_cache=kv_cache,
+            group=group if same else 1,
+        )
+        sampling = {
+            "max_new_tokens": self.limits.max_turn_tokens or prompter.max_new_tokens,
+            "temperature": float(temperature),
+            "top_p": float(top_p),
+            "stop_ids": _stop_ids(prompter),
+            "pad_id": prompter.pad_id,
+            "kv_cache": kv_cache,
+        }
+        for _ in range(self.limits.max_turns):
+            start = np.asarray(state.lengths)
+            state = continue_state(graphdef, params, state, key, **sampling)
+            observations = self._turn(prompter, rows, state, start)
+            if not any(observations):
+                break
+            state = self._extend(graphdef, params, state, observations, prompter.pad_id, kv_cache)
+        for row in rows:
+            if not row.done:
+                row.done, row.episode.ended = True, "turns"
+        scored = self._scored(prompter, rows, state, group, sharding, same, began)
+        return _Played(_samples(scored), scored.batch.shared_prefix, scored)
+
+    def _start(self, prompter: Prompter, example: dict) -> _Row:
+        """A row's episode begun: its environment reset, its first messages."""
+        if self.environment is None:
+            prompt = example["prompt"]
+            return _Row(example, _as_messages(prompt), None)
+        environment = self.environment()
+        columns = {name: value for name, value in example.items()}
+        return _Row(example, _as_messages(environment.reset(**columns)), environment)
+
+    def _render_prompt(self, prompter: Prompter, row: _Row) -> list[int]:
+        """The prompt's ids: the chat template's render (with the tools' schemas), or the text."""
+        messages = row.episode.messages
+        if not prompter.chat:
+            return prompter.tokenizer.encode(messages[0]["content"])
+        if prompter.system_prompt is not None and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": prompter.system_prompt})
+        return prompter.continuation(self._render(prompter, messages, True))
+
+    def _render(self, prompter: Prompter, messages: list[dict], generation: bool) -> str:
+        tools = {"tools": self.schemas} if self.schemas else {}
+        return prompter.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation, **tools
+        )
+
+    def _turn(self, prompter: Prompter, rows, state: SamplerState, start) -> list[list[int]]:
+        """Each row's turn read and answered; the ids to append to each row (empty: it ended)."""
+        tokens, lengths = np.asarray(state.tokens), np.asarray(state.lengths)
+        limits = np.asarray(state.limit)
+        stops = set(_stop_ids(prompter))
+        pending, observations = [], [[] for _ in rows]
+        for index, row in enumerate(rows):
+            if row.done:
+                continue
+            ids = tokens[index, start[index] : lengths[index]].tolist()
+            finished = bool(ids) and ids[-1] in stops
+            text = prompter.tokenizer.decode(ids[:-1] if finished else ids)
+            row.episode.turns += 1
+            row.episode.final_ids, row.episode.finished = ids, finished
+            if not finished:
+                row.done = True
+                row.episode.ended = "tokens" if lengths[index] >= limits[index] else "unfinished"
+                row.episode.messages.append({"role": "assistant", "content": text})
+                continue
+            pending.append((index, row, text))
+        results = self._respond(prompter, pending)
+        for (index, row, _), follow in zip(pending, results, strict=True):
+            if follow is None:
+                row.done = True
+                continue
+            appended = self._observation(prompter, row, follow)
+            if lengths[index] + len(appended) + 1 > limits[index]:
+                row.done, row.episode.ended = True, "tokens"
+                continue
+            observations[index] = appended
+        return observations
+
+    def _respond(self, prompter: Prompter, pending) -> list[list[dict] | None]:
+        """What follows each pending row's turn: tool results or an observation, else None."""
+        runner = self._tool_runner()
+        submitted = []
+        for _, row, text in pending:
+            turn = self.parser.parse(text) if self.tools else None
+            message = {"role": "assistant", "content": turn.content if turn else text}
+            calls = list(turn.calls) if turn else []
+            if calls:
+                message["tool_calls"] = [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls
+                ]
+            row.episode.messages.append(message)
+            if turn is not None and (calls or turn.malformed):
+                ran = calls[: self.limits.max_calls]
+                submitted.append((turn, calls, runner.submit(ran) if ran else None))
+            else:
+                submitted.append(None)
+        follows = []
+        for (_, row, _), work in zip(pending, submitted, strict=True):
+            if work is not None:
+                follows.append(self._tool_follow(prompter, row, *work))
+            elif row.environment is not None:
+                observation = row.environment.step(row.episode.messages[-1])
+                if observation is None:
+                    row.episode.ended = "environment"
+                    follows.append(None)
+                else:
+                    follows.append(_as_messages(observation))
+            else:
+                row.episode.ended = "answer"
+                follows.append(None)
+        return follows
+
+    def _tool_follow(self, prompter: Prompter, row: _Row, turn, calls, future) -> list[dict]:
+        """The tool messages answering a turn's calls: results, truncated, and errors."""
+        toolkit, episode = _toolkit(), row.episode
+        results = list(future.result()) if future is not None else []
+        over = [
+            toolkit.ToolResult(
+                call.name,
+                f"error: more than {self.limits.max_calls} tool calls in one turn; this one was "
+                "not run",
+                "calls",
+                0.0,
+            )
+            for call in calls[self.limits.max_calls :]
+        ]
+        malformed = [
+            toolkit.ToolResult("", f"error: malformed tool call: {raw}", "malformed", 0.0)
+            for raw in turn.malformed
+        ]
+        results = [self._truncated(prompter, r) for r in [*results, *over, *malformed]]
+        episode.tool_calls += len(results)
+        for result in results:
+            episode.tool_seconds += result.seconds
+            episode.truncated_results += result.truncated
+            if result.error is not None:
+                episode.tool_errors[result.error] = episode.tool_errors.get(result.error, 0) + 1
+        return toolkit.tool_messages(turn, results)
+
+    def _truncated(self, prompter: Prompter, result):
+        """`result` cut at `max_result_tokens` tokens (marked truncated), or as it is."""
+        ids = prompter.continuation(result.content)
+        if len(ids) <= self.limits.max_result_tokens:
+            return result
+        content = prompter.tokenizer.decode(ids[: self.limits.max_result_tokens])
+        return dataclasses.replace(result, content=content, truncated=True)
+
+    def _observation(self, prompter: Prompter, row: _Row, follow: list[dict]) -> list[int]:
+        """The ids the template appends after the row's turn for `follow`'s messages.
+
+        The difference between the renders of the conversation before and after them
+        (`dew.tools.appended_tokens`), with what the template writes after the turn's stop token
+        (ChatML's newline), which the row does not hold yet. Without a template, the texts.
+        """
+        before = list(row.episode.messages)
+        row.episode.messages.extend(follow)
+        if not prompter.chat:
+            return [i for m in follow for i in prompter.continuation(m.get("content") or "")]
+        closing = prompter.continuation(self._render(prompter, before, False))
+        stops = set(_stop_ids(prompter))
+        last = max((i for i, t in enumerate(closing) if t in stops), default=len(closing) - 1)
+        appended = _toolkit().appended_tokens(
+            prompter.tokenizer, before, row.episode.messages, tools=self.schemas or None
+        )
+        return [*closing[last + 1 :], *appended]
+
+    def _extend(self, graphdef, params, state, observations, pad_id, kv_cache) -> SamplerState:
+        counts = np.array([len(o) for o in observations], np.int32)
+        padded = np.full((len(observations), _bucket(int(counts.max()))), pad_id, np.int32)
+        for index, ids in enumerate(observations):
+            padded[index, : len(ids)] = ids
+        return extend_state(
+            graphdef, params, state, jnp.asarray(padded), jnp.asarray(counts), kv_cache=kv_cache
+        )
+
+    def _scored(self, prompter, rows, state, group, sharding, same, began) -> Rollout:
+        """The rows' `Rollout`: their final turns and conversations scored, the batch placed."""
+        host = jax.device_get(state)
+        sample_s = time.perf_counter() - began
+        examples = [row.example for row in rows]
+        episodes = [row.episode for row in rows]
+        texts = [episode.final_text for episode in episodes]
+        columns = {
+            "completion_ids": [e.final_ids for e in episodes],
+            "finished": [e.finished for e in episodes],
+            "messages": [e.messages for e in episodes],
+        }
+        rewards, parts = prompter.score_text(examples, texts, columns)
+        if rows[0].environment is not None and hasattr(rows[0].environment, "reward"):
+            scores = [_environment_reward(row, text) for row, text in zip(rows, texts, strict=True)]
+            parts = {**parts, "environment": np.asarray(scores, np.float32)}
+            rewards = (rewards + np.nan_to_num(parts["environment"], nan=0.0)).astype(np.float32)
+        present = np.arange(host.tokens.shape[1])[None, :] < host.lengths[:, None]
+        components = _reward_components(parts)
+        arrays = (
+            host.tokens,
+            host.prompt_mask,
+            host.completion_mask,
+            host.behavior_log_probs,
+            rewards,
+            components,
+            present,
+        )
+        placed = jax.device_put(arrays, sharding) if sharding is not None else arrays
+        placed = jax.tree.map(jnp.asarray, placed)
+        weights = tuple(float(r.weight) for r in prompter.rewards)
+        if "environment" in parts:
+            weights = (*weights, 1.0)
+        batch = Batch(
+            *placed[:5],
+            group=group,
+            reward_components=placed[5],
+            reward_weights=weights,
+            shared_prefix=_shared_prefix(host.prompt_mask, group) if same else 0,
+            attention_mask=placed[6],
+        )
+        metrics = episode_metrics(episodes, host.completion_mask, present)
+        return Rollout(
+            batch,
+            examples,
+            host.tokens,
+            host.prompt_mask,
+            host.completion_mask,
+            host.behavior_log_probs,
+            rewards,
+            parts,
+            sample_s,
+            weights,
+            attention_mask=present,
+            episodes=episodes,
+            metrics=metrics,
+        )
+
+
+def _toolkit():
+    """`dew.tools`, loaded when an episode first needs it (tools, or a chat template's turns)."""
+    from dew import tools
+
+    return tools
+
+
+def _environment_reward(row: _Row, completion: str) -> float:
+    columns = {k: v for k, v in row.example.items() if k != "prompt"}
+    value = row.environment.reward(
+        prompt=row.example.get("prompt"),
+        completion=completion,
+        messages=row.episode.messages,
+        **columns,
+    )
+    return np.nan if value is None else float(value)
+
+
+def _stop_ids(prompter: Prompter) -> tuple[int, ...]:
+    """The ids that end a turn: the template's end of turn, and EOS when it is another token."""
+    eos = prompter.tokenizer.eos_token_id
+    return tuple(dict.fromkeys(i for i in (prompter.stop_id, eos) if i is not None))
+
+
+def _samples(rollout: Rollout) -> Samples:
+    batch = rollout.batch
+    return Samples(batch.tokens, batch.prompt_mask, batch.completion_mask, batch.behavior_log_probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Played:
+    """Episodes played to their end: their `Rollout` scored already (`Drawn`)."""
+
+    samples: Samples
+    shared_prefix: int
+    rollout: Rollout
+
+    def scored(self) -> Rollout:
+        """The scored rollout."""
+        return self.rollout
+
+    def from_now(self) -> "_Played":
+        """Itself: its episodes were played, and timed, when it was drawn."""
+        return self

@@ -1,0 +1,395 @@
+"""Episodes with a scripted policy: tool calls, errors, caps, rows ending apart, the loss mask.
+
+The policy's turns are forced: `continue_state` is replaced by a script that writes each row's
+next turn (its text's tokens, then the end of turn) into the sampler state as draws would, so the
+episode loop, the tools, the observation tokens, the real `extend_state` and the batch are what
+is tested. One test runs the real sampler through an environment's turns.
+"""
+
+import concurrent.futures
+import dataclasses
+import importlib.util
+import json
+import re
+import sys
+import time
+import types
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dew.hf import load_tokenizer
+from dew.models.llama import build
+from dew.models.outputs import log_probs
+from dew.models.registry import SIZES
+from dew.rewards import Reward
+from dew.rollout import Prompter
+
+TOOL_CHAT = Path(__file__).resolve().parents[2] / "../shared/hf/tool-chat"
+SCRIPTED_LOG_PROB = -0.5
+
+
+def _stand_in_tools() -> types.ModuleType:
+    """The agreed `dew.tools` interface, minimal, for as long as the module is not here."""
+    module = types.ModuleType("dew.tools")
+
+    @dataclasses.dataclass(frozen=True)
+    class ToolCall:
+        name: str
+        arguments: dict
+
+    @dataclasses.dataclass(frozen=True)
+    class ParsedTurn:
+        content: str
+        calls: tuple
+        malformed: tuple
+
+    @dataclasses.dataclass(frozen=True)
+    class ToolResult:
+        name: str
+        content: str
+        error: str | None
+        seconds: float
+        truncated: bool = False
+
+    class HermesParser:
+        def parse(self, text):
+            calls, malformed = [], []
+            for block in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
+                try:
+                    call = json.loads(block)
+                    calls.append(ToolCall(call["name"], dict(call["arguments"])))
+                except (ValueError, KeyError, TypeError):
+                    malformed.append(block)
+            content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S).strip()
+            return ParsedTurn(content, tuple(calls), tuple(malformed))
+
+    class ToolRunner:
+        def __init__(self, tools, *, timeout=10.0, max_workers=8):
+            self.tools, self.timeout = {fn.__name__: fn for fn in tools}, timeout
+            self.pool = concurrent.futures.ThreadPoolExecutor(max_workers)
+
+        def _one(self, call):
+            began = time.perf_counter()
+            if call.name not in self.tools:
+                return ToolResult(call.name, f"error: unknown tool {call.name}", "unknown", 0.0)
+            future = self.pool.submit(self.tools[call.name], **call.arguments)
+            try:
+                value = future.result(timeout=self.timeout)
+            except concurrent.futures.TimeoutError:
+                return ToolResult(call.name, "error: timeout", "timeout", self.timeout)
+            except Exception as error:
+                return ToolResult(call.name, f"error: {error}", "raised", 0.0)
+            text = value if isinstance(value, str) else json.dumps(value)
+            return ToolResult(call.name, text, None, time.perf_counter() - began)
+
+        def submit(self, calls):
+            return self.pool.submit(lambda: [self._one(call) for call in calls])
+
+        def close(self):
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def tool_messages(turn, results):
+        return [{"role": "tool", "name": r.name, "content": r.content} for r in results]
+
+    def appended_tokens(tokenizer, before, after, *, tools):
+        head = tokenizer.apply_chat_template(before, add_generation_prompt=False)
+        whole = tokenizer.apply_chat_template(after, add_generation_prompt=True)
+        assert whole.startswith(head)
+        return tokenizer.encode(whole[len(head) :])
+
+    def json_schema(fn):
+        return {"type": "function", "function": {"name": fn.__name__}}
+
+    for value in (ToolCall, ParsedTurn, ToolResult, HermesParser, ToolRunner):
+        setattr(module, value.__name__, value)
+    module.tool_messages, module.appended_tokens = tool_messages, appended_tokens
+    module.json_schema = json_schema
+    return module
+
+
+if importlib.util.find_spec("dew.tools") is None:
+    sys.modules["dew.tools"] = _stand_in_tools()
+
+from dew.rollout.episode import EpisodeLimits, Episodes  # noqa: E402
+
+
+class _Tokenizer:
+    """The fixture's tokenizer, taking the template's `tools` argument (ignored by its template)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tools=None):
+        return self.inner.apply_chat_template(messages, add_generation_prompt)
+
+
+@dataclasses.dataclass
+class _Task:
+    """Prompts in `examples`, one reward that records what it was given."""
+
+    prompts: list
+    seen: list = dataclasses.field(default_factory=list)
+    name: str = "scripted"
+    max_new_tokens: int = 40
+
+    @property
+    def rewards(self):
+        def judged(prompts, completions, **columns):
+            self.seen.append(columns)
+            return [float("7" in completion) for completion in completions]
+
+        return (Reward("seven", judged, 1.0),)
+
+    def longest_prompt(self, count):
+        return 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return _Tokenizer(load_tokenizer(TOOL_CHAT))
+
+
+@pytest.fixture(scope="module")
+def policy():
+    graphdef, params = nnx.split(build(dataclasses.replace(SIZES["tiny"], vocab_size=512), 0))
+    return graphdef, params
+
+
+def scripted(monkeypatch, prompter, script):
+    """Make each row's `k`-th turn the `k`-th text of `script[row]` (then the end of turn)."""
+    taken = [0] * len(script)
+    end = prompter.stop_id
+
+    def forced(graphdef, params, state, key, *, max_new_tokens, **_):
+        tokens, lengths = np.array(state.tokens), np.array(state.lengths)
+        completion, behavior = np.array(state.completion_mask), np.array(state.behavior_log_probs)
+        limit, done = np.asarray(state.limit), np.asarray(state.done)
+        for row, turns in enumerate(script):
+            if done[row]:
+                continue
+            ids = [*prompter.continuation(turns[min(taken[row], len(turns) - 1)]), end]
+            taken[row] += 1
+            ids = ids[: min(max_new_tokens, limit[row] - lengths[row])]
+            at = slice(lengths[row], lengths[row] + len(ids))
+            tokens[row, at], completion[row, at], behavior[row, at] = ids, True, SCRIPTED_LOG_PROB
+            lengths[row] += len(ids)
+        return dataclasses.replace(
+            state,
+            tokens=jnp.asarray(tokens),
+            completion_mask=jnp.asarray(completion),
+            behavior_log_probs=jnp.asarray(behavior),
+            lengths=jnp.asarray(lengths),
+            cached=jnp.asarray(lengths - 1),
+            done=jnp.ones_like(state.done),
+        )
+
+    monkeypatch.setattr("dew.rollout.episode.continue_state", forced)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def fails(x: int) -> int:
+    """Always raises.
+
+    Args:
+        x: Anything.
+    """
+    raise RuntimeError("broken")
+
+
+def hangs(x: int) -> str:
+    """Sleeps past its time limit.
+
+    Args:
+        x: Anything.
+    """
+    time.sleep(2.0)
+    return "late"
+
+
+def long_text(n: int) -> str:
+    """A long result.
+
+    Args:
+        n: How many words.
+    """
+    return " ".join(["word"] * n)
+
+
+def call(name, **arguments):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def play(policy, tokenizer, monkeypatch, script, *, tools=(add,), **limits):
+    task = _Task([f"question {i}" for i in range(len(script))])
+    prompter = Prompter(task, tokenizer, max_new_tokens=160)
+    scripted(monkeypatch, prompter, script)
+    episodes = Episodes(tools=tools, limits=EpisodeLimits(tool_timeout=0.5, **limits))
+    examples = [{"prompt": p, "answer": "7"} for p in task.prompts]
+    prompts = prompter.encode_all(examples)
+    try:
+        drawn = episodes.draw(*policy, prompter, prompts, 1, jax.random.key(0))
+    finally:
+        episodes.close()
+    return drawn.scored(), task, prompter
+
+
+def test_one_call_then_an_answer(policy, tokenizer, monkeypatch):
+    rolled, task, prompter = play(
+        policy, tokenizer, monkeypatch, [[call("add", a=3, b=4), "It is 7."]]
+    )
+    (episode,) = rolled.episodes
+    assert (episode.turns, episode.tool_calls, episode.ended) == (2, 1, "answer")
+    assert [m["role"] for m in episode.messages] == ["user", "assistant", "tool", "assistant"]
+    assert episode.messages[1]["tool_calls"][0]["function"] == {
+        "name": "add",
+        "arguments": {"a": 3, "b": 4},
+    }
+    assert episode.messages[2]["content"] == "7" and episode.final_text == "It is 7."
+    assert rolled.rewards.tolist() == [1.0]
+    (columns,) = task.seen
+    assert columns["messages"][0] == episode.messages and columns["answer"] == ["7"]
+    # The row: prompt, the call, the template's tool turn (context), the answer.
+    tokens, sampled = rolled.tokens[0], rolled.completion_mask[0]
+    present = rolled.attention_mask[0]
+    context = present & ~sampled & ~rolled.prompt_mask[0]
+    text = tokenizer.decode(tokens[context].tolist())
+    assert text == "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n" + (
+        "<|im_start|>assistant\n"
+    )
+    assert tokenizer.decode(tokens[sampled].tolist()).endswith("It is 7.<|im_end|>")
+    assert (rolled.behavior_log_probs[0][sampled] == SCRIPTED_LOG_PROB).all()
+    assert (rolled.behavior_log_probs[0][~sampled] == 0).all()
+    # The whole row is what the template renders of the conversation.
+    rendered = prompter.continuation(tokenizer.apply_chat_template(episode.messages))
+    assert tokens[present].tolist() == rendered[: int(present.sum())]
+    assert rolled.batch.attention_mask is not None
+    assert rolled.metrics["turns"] == 2.0 and rolled.metrics["context_tokens"] == context.sum()
+
+
+def test_parallel_calls_and_every_kind_of_failure_are_answered(policy, tokenizer, monkeypatch):
+    turn = call("add", a=1, b=2) + call("add", a=3, b=4)
+    failing = call("fails", x=1) + call("hangs", x=1) + call("nope", x=1) + "<tool_call>{bad"
+    failing += "</tool_call>"
+    script = [[turn, "3 and 7"], [failing, "sorry"]]
+    rolled, *_ = play(policy, tokenizer, monkeypatch, script, tools=(add, fails, hangs))
+    first, second = rolled.episodes
+    assert [m["content"] for m in first.messages if m["role"] == "tool"] == ["3", "7"]
+    assert first.tool_calls == 2 and first.tool_errors == {}
+    assert second.tool_errors == {"raised": 1, "timeout": 1, "unknown": 1, "malformed": 1}
+    assert second.ended == "answer" and second.turns == 2
+    assert rolled.metrics["tool_errors/timeout"] == 1.0 and rolled.metrics["tool_calls"] == 3.0
+
+
+def test_calls_past_the_cap_are_refused_and_long_results_cut(policy, tokenizer, monkeypatch):
+    script = [[call("add", a=1, b=1) * 3, "done"], [call("long_text", n=200), "done"]]
+    rolled, *_ = play(
+        policy, tokenizer, monkeypatch, script, tools=(add, long_text), max_calls=2,
+        max_result_tokens=10,
+    )  # fmt: skip
+    capped, cut = rolled.episodes
+    assert capped.tool_calls == 3 and capped.tool_errors == {"calls": 1}
+    assert cut.truncated_results == 1
+    result = next(m["content"] for m in cut.messages if m["role"] == "tool")
+    assert len(tokenizer.encode(result)) <= 10
+
+
+def test_rows_end_at_different_turns_and_the_caps_end_the_rest(policy, tokenizer, monkeypatch):
+    again = call("add", a=1, b=1)
+    script = [["7 at once"], [again, "7 after one"], [again]]  # the last never stops calling
+    rolled, *_ = play(policy, tokenizer, monkeypatch, script, max_turns=3)
+    assert [e.turns for e in rolled.episodes] == [1, 2, 3]
+    assert [e.ended for e in rolled.episodes] == ["answer", "answer", "turns"]
+    sampled = rolled.completion_mask.sum(1)
+    assert sampled[0] < sampled[1] < sampled[2]
+    tight, *_ = play(policy, tokenizer, monkeypatch, script, max_episode_tokens=40)
+    assert tight.episodes[2].ended == "tokens" and tight.episodes[0].ended == "answer"
+    assert (tight.attention_mask.sum(1) - tight.prompt_mask.sum(1) <= 40).all()
+    with pytest.raises(ValueError, match="max_episode_tokens must be at least 1"):
+        EpisodeLimits(max_episode_tokens=0)
+
+
+class _Guess:
+    """Says `again` after the first turn, then ends."""
+
+    def reset(self, prompt, **columns):
+        self.turns = 0
+        return prompt
+
+    def step(self, message):
+        self.turns += 1
+        return "again" if self.turns == 1 else None
+
+    def reward(self, messages, **kwargs):
+        return float(len(messages))
+
+
+def test_the_real_sampler_plays_an_environment(tokenizer):
+    prompter = Prompter(_Task(["a", "b"]), tokenizer, max_new_tokens=12)
+    model = build(dataclasses.replace(SIZES["tiny"], vocab_size=512), 0)
+    bias = jnp.zeros_like(model.lm_head.kernel[...]).at[:, prompter.stop_id].set(8.0)
+    model.lm_head.kernel[...] = model.lm_head.kernel[...] + bias  # turns end within 12 tokens
+    graphdef, params = nnx.split(model)
+    episodes = Episodes(environment=_Guess, limits=EpisodeLimits(max_turns=3))
+    prompts = prompter.encode_all([{"prompt": "a"}, {"prompt": "b"}])
+    rolled = episodes.draw(graphdef, params, prompter, prompts, 2, jax.random.key(1)).scored()
+    assert [e.turns for e in rolled.episodes] == [2, 2, 2, 2]
+    assert rolled.reward_parts["environment"].tolist() == [4.0] * 4  # user, turn, again, turn
+    batch = rolled.batch
+    recomputed = log_probs(model, batch.tokens, batch.completion_mask)
+    np.testing.assert_allclose(batch.behavior_log_probs, recomputed, atol=1e-4)
+    context = rolled.attention_mask & ~rolled.completion_mask & ~rolled.prompt_mask
+    assert (context.sum(1) > 0).all() and batch.reward_weights == (1.0, 1.0)
+
+
+def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path):
+    from dew.cli import _parse_train
+    from dew.train.trainer import Trainer
+
+    config, _ = _parse_train(
+        [
+            *("--objective", "grpo", "--model", "tiny", "--task", "guess"),
+            *("--environment", "dew.tasks.guess:NumberGuess", "--max-turns", "3"),
+            *("--max-episode-tokens", "12", "--steps", "2", "--prompts", "2", "--group", "4"),
+            *("--eval-every", "2", "--eval-prompts", "2", "--eval-k", "4", "--samples-every", "1"),
+            *("--out", str(tmp_path)),
+        ]
+    )
+    trainer = Trainer(config, quiet=True)
+    assert isinstance(trainer.rollouts, Episodes) and trainer.rollouts.limits.max_turns == 3
+    history = trainer.run()
+    first = history[0]
+    assert 1.0 <= first["turns"] <= 3.0 and first["sampled_tokens"] >= first["turns"]
+    assert first["context_tokens"] >= 0 and np.isfinite(first["loss"])
+    assert {"tool_calls", "tool_s", "episode_caps", "eval/reward"} <= set(history[-1])
+    sample = json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["messages"][0] == {"role": "user", "content": "^>"}
+    record = json.loads((tmp_path / "config.json").read_text())
+    assert record["environment"] == "dew.tasks.guess:NumberGuess"
+
+
+def test_the_tool_and_environment_flags_are_read_and_checked():
+    from dew.cli import _parse_train
+    from dew.options import ConfigError
+    from dew.train.config import _make_rollouts
+
+    config, _ = _parse_train(["--tool", "a:b", "--tool", "c:d", "--max-calls-per-turn", "2"])
+    assert config.tools == ("a:b", "c:d") and config.episodes.max_calls_per_turn == 2
+    with pytest.raises(ConfigError, match=r"--environment 'dew\.tasks\.guess:Nope'"):
+        _make_rollouts(config.replace(tools=(), environment="dew.tasks.guess:Nope"))
