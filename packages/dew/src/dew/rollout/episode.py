@@ -406,13 +406,11 @@ class Episodes:
             )
             for call in calls[self.limits.max_calls :]
         ]
-        malformed = [
-            toolkit.ToolResult("", f"error: malformed tool call: {raw}", "malformed", 0.0)
-            for raw in turn.malformed
-        ]
-        results = [self._truncated(prompter, r) for r in [*results, *over, *malformed]]
-        episode.tool_calls += len(results)
-        for result in results:
+        results = [self._truncated(prompter, r) for r in [*results, *over]]
+        # tool_messages answers the malformed blocks itself, after the calls' results.
+        answered = [*results, *toolkit.malformed_results(turn)]
+        episode.tool_calls += len(answered)
+        for result in answered:
             episode.tool_seconds += result.seconds
             episode.truncated_results += result.truncated
             if result.error is not None:
