@@ -62,7 +62,9 @@ def _check_example(example: Any, where: str) -> None:
 
 
 def load_examples(path: str | Path) -> list[dict[str, Any]]:
-    """The examples of a `.jsonl` (one JSON object a line) or `.parquet` file, a folder of
+    """The examples of a file, a saved dataset's folder or a cached Hugging Face dataset.
+
+    `path` is a `.jsonl` (one JSON object a line) or `.parquet` file, a folder written by
     `datasets.Dataset.save_to_disk`, or `NAME:SPLIT` of a dataset in the Hugging Face cache.
 
     `ValueError` naming the file (and line) when it cannot be read or an example has no prompt.
