@@ -17,6 +17,7 @@ from dew.models.lora import add_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
 from dew.rollout import Prompter, rollout
 from dew.tasks import Task
+from dew.train._folder import check_base
 from dew.train._precision import cast_floating
 from dew.train.checkpoint import Checkpoints
 from dew.train.config import TrainConfig, _make_prompter, _resolve_task
@@ -62,8 +63,9 @@ def load_run(
 
     The task and prompt options are the run's, or `config`'s when given.
 
-    `FileNotFoundError` when the folder is not a run or holds no intact checkpoint; a damaged
-    newest checkpoint is moved aside with a one-line warning and the one before it is used.
+    `FileNotFoundError` when the folder is not a run or holds no intact checkpoint, `ConfigError`
+    when its `--model` is no longer the base it was trained on; a damaged newest checkpoint is
+    passed over with a one-line warning (and left where it is) and the one before it is used.
 
     Examples:
       >>> import shutil, tempfile
@@ -78,6 +80,7 @@ def load_run(
     """
     run_dir, given = Path(run_dir), config
     config = read_config(run_dir)
+    check_base(run_dir, config)
     source = resolve_model(config["model"])
     prompter = _prompter(given or TrainConfig.from_record(config), source.tokenizer())
     graphdef, params, frozen = _policy_parts(config, source)

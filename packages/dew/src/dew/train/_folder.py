@@ -10,6 +10,7 @@ at.
 
 import dataclasses
 import fcntl
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,10 @@ __all__ = [
     "LOCK",
     "MAY_CHANGE_ON_RESUME",
     "RunLock",
+    "base_fingerprint",
+    "check_base",
     "check_folder",
+    "holds_lock",
     "resume_changes",
     "run_record",
 ]
@@ -45,6 +49,13 @@ MAY_CHANGE_ON_RESUME = (
 computes (up to float summation order), so a run that ran out of memory can resume with them; the
 evaluation and sample options change what is written beside the run, not the run."""
 _NOT_OPTIONS = ("out", "resume")
+_HELD: set[Path] = set()
+"""The run folders whose lock this process holds."""
+_SAMPLES = 16
+_SAMPLE_BYTES = 1 << 16
+"""A base's fingerprint reads this many bytes at this many places of each file larger than
+their product, and the whole of smaller ones: a new download differs in every sampled part
+while reading 1 MiB of each file, however large."""
 
 
 def check_folder(run_dir: Path, resume: bool) -> None:
@@ -123,12 +134,31 @@ class RunLock:
         handle.write(str(os.getpid()))
         handle.flush()
         self.handle = handle
+        _HELD.add(self.path.parent.resolve())
 
     def release(self) -> None:
         """Drop the lock (closing the file releases it)."""
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+            _HELD.discard(self.path.parent.resolve())
+
+
+def holds_lock(run_dir: Path) -> bool:
+    """Whether this process holds the lock of `run_dir` (it is the run's writer).
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> lock = RunLock(run_dir)
+      >>> lock.acquire()
+      >>> holds_lock(run_dir)
+      True
+      >>> lock.release()
+      >>> holds_lock(run_dir)
+      False
+    """
+    return Path(run_dir).resolve() in _HELD
 
 
 def _flag(name: str) -> str:
@@ -155,6 +185,7 @@ def resume_changes(run_dir: Path, config: TrainConfig, task_name: str) -> dict[s
       dew.options.ConfigError: --resume: --group is 4 here but the run has 8; it defines the run
     """
     recorded = read_config(run_dir)
+    check_base(run_dir, recorded)
     saved = TrainConfig.from_record(recorded).flat()
     saved["task"] = recorded.get("task", saved["task"])
     now = {**config.flat(), "task": task_name}
@@ -191,4 +222,79 @@ def run_record(config: TrainConfig, run_dir: Path, **extra) -> dict[str, Any]:
     """
     values = dataclasses.asdict(config)
     values["run"] = {**values["run"], "out": str(run_dir), "resume": False}
-    return {**values, **extra}
+    return {**values, "base": base_fingerprint(config.model), **extra}
+
+
+def base_fingerprint(model: str) -> str | None:
+    """A digest of the files of checkpoint `model` (a folder or a file); None for a built-in size.
+
+    It reads each weight, config and tokenizer file's name, size and, past 1 MiB, sixteen
+    evenly spaced 64 KiB parts: a model moved or copied keeps its fingerprint, another download
+    (even of the same shapes) does not.
+
+    Examples:
+      >>> import tempfile
+      >>> folder = Path(tempfile.mkdtemp())
+      >>> _ = (folder / "config.json").write_text("{}")
+      >>> first = base_fingerprint(str(folder))
+      >>> _ = (folder / "config.json").write_text("[]")
+      >>> len(first), first != base_fingerprint(str(folder)), base_fingerprint("tiny")
+      (16, True, None)
+    """
+    from dew.models.registry import resolve_model
+
+    path = resolve_model(model).path
+    if path is None:
+        return None
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        if file.is_file() and file.suffix in (".safetensors", ".gguf", ".json", ".model"):
+            digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+            digest.update(_sampled_bytes(file))
+    return digest.hexdigest()[:16]
+
+
+def _sampled_bytes(file: Path) -> bytes:
+    """All of `file` when it is small, else `_SAMPLES` evenly spaced parts of it."""
+    size = file.stat().st_size
+    with file.open("rb") as handle:
+        if size <= _SAMPLES * _SAMPLE_BYTES:
+            return handle.read()
+        parts = []
+        for index in range(_SAMPLES):
+            handle.seek((size - _SAMPLE_BYTES) * index // (_SAMPLES - 1))
+            parts.append(handle.read(_SAMPLE_BYTES))
+        return b"".join(parts)
+
+
+def check_base(run_dir: Path, record: dict[str, Any]) -> None:
+    """Raise `ConfigError` unless the run's `--model` is still the base it was trained on.
+
+    The run's `config.json` records its base's fingerprint (`base_fingerprint`); a run recorded
+    without one, or on a built-in size, passes.
+
+    Examples:
+      >>> import tempfile
+      >>> folder = Path(tempfile.mkdtemp())
+      >>> _ = (folder / "config.json").write_text("{}")
+      >>> record = {"model": str(folder), "base": base_fingerprint(str(folder))}
+      >>> check_base(Path("run"), record)
+      >>> _ = (folder / "config.json").write_text("[]")
+      >>> check_base(Path("run"), record)  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --model ... is not the base run was trained on: ...
+    """
+    was = record.get("base")
+    if was is None:
+        return
+    try:
+        now = base_fingerprint(record["model"])
+    except ValueError as error:
+        raise ConfigError(f"{run_dir}: the run's base is gone: {error}") from None
+    if now != was:
+        raise ConfigError(
+            f"--model {record['model']} is not the base {run_dir} was trained on: its files' "
+            f"fingerprint is {now}, the run's base's {was}; put that base back there"
+        )

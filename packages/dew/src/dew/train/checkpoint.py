@@ -18,12 +18,32 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from dew.options import ConfigError
+from dew.train._folder import holds_lock
+
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
 
 __all__ = [
+    "CheckpointMismatch",
     "Checkpoints",
+    "DamagedCheckpoint",
 ]
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint that cannot be read: its record does not parse or its arrays do not load."""
+
+    def __init__(self, where: Path, error: BaseException):
+        reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
+        super().__init__(
+            f"checkpoint {where.name} in {where.parent} is damaged ({type(error).__name__}: "
+            f"{reason})"
+        )
+
+
+class CheckpointMismatch(ConfigError):
+    """A checkpoint whose arrays are not the policy's: it was saved from another model."""
 
 
 def _path_key(path) -> str:
@@ -103,6 +123,49 @@ def _abstract(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
+def _check_fits(step_dir: Path, name: str, arrays: dict[str, Any]) -> None:
+    """Raise unless item `name` of the checkpoint in `step_dir` holds `arrays`' names and shapes.
+
+    Reads the item's record alone (no array data): `DamagedCheckpoint` when it is missing or
+    does not parse, `CheckpointMismatch` naming the first array that differs.
+    """
+    ocp = _orbax()
+    try:
+        saved = dict(ocp.StandardCheckpointHandler().metadata(step_dir / name))
+    except PermissionError:  # a folder this user may not read is not damaged
+        raise
+    except Exception as error:  # a missing folder, a torn record, a truncated database
+        raise DamagedCheckpoint(step_dir, error) from error
+    for key, array in arrays.items():
+        shape = tuple(getattr(saved.get(key), "shape", None) or ()) if key in saved else None
+        if shape != tuple(array.shape):
+            was = f"of shape {shape}" if shape is not None else "missing"
+            raise CheckpointMismatch(
+                f"checkpoint {step_dir.name} in {step_dir.parent} was saved from another model: "
+                f"its {name} {key} is {was}, the policy's is of shape {tuple(array.shape)}"
+            )
+
+
+def _quiet_closed_loops() -> None:
+    """Leave out of stderr the `Event loop is closed` errors of a restore that failed.
+
+    When one array of a restore fails, Orbax closes its event loop while TensorStore still
+    completes the others, and each completion's callback raises into `sys.unraisablehook`,
+    which would print a traceback per array long after the failure was reported.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "_dew_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook._dew_quiet = True
+    sys.unraisablehook = hook
+
+
 def _orbax():
     """`orbax.checkpoint`, imported at a run's first save or restore rather than at start-up."""
     import orbax.checkpoint as ocp
@@ -176,37 +239,46 @@ class Checkpoints:
         """The items of `template` saved at `step`, shaped and placed like it.
 
         `template` maps item names to pytrees of arrays or `jax.ShapeDtypeStruct`s; items saved
-        but not named (the optimizer state, when only params are wanted) are not read.
+        but not named (the optimizer state, when only params are wanted) are not read. The saved
+        names and shapes are compared with the template's first: `CheckpointMismatch` when they
+        differ (a policy built from another model), `DamagedCheckpoint` when the checkpoint's
+        own record cannot be read or its arrays cannot (a truncated file, an emptied folder).
         """
         ocp = _orbax()
-        items = {
-            name: ocp.args.StandardRestore(_flatten(jax.tree.map(_abstract, tree)))
-            for name, tree in template.items()
-        }
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        _quiet_closed_loops()
+        flat = {name: _flatten(jax.tree.map(_abstract, tree)) for name, tree in template.items()}
+        for name, arrays in flat.items():
+            _check_fits(self.directory / str(step), name, arrays)
+        items = {name: ocp.args.StandardRestore(arrays) for name, arrays in flat.items()}
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except PermissionError:
+            raise
+        except Exception as error:  # orbax and TensorStore raise many kinds; the shapes fit
+            raise DamagedCheckpoint(self.directory / str(step), error) from error
         return {name: _unflatten(template[name], restored[name]) for name in template}
 
     def restore_latest(self, template: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         """The newest checkpoint that restores, as `(step, items)`; `(None, {})` if none does.
 
-        A checkpoint that fails to restore (a truncated file, a missing item, an emptied step
-        folder) is moved aside to `damaged/<step>` beside the checkpoints folder, so its step can
-        be saved again and nothing is deleted, with a one-line warning on stderr.
+        A damaged checkpoint (`DamagedCheckpoint`) is passed over with a one-line warning on
+        stderr. The run's writer, the process holding the run folder's lock, also moves it aside
+        to `damaged/<step>` beside the checkpoints folder, so its step can be saved again and
+        nothing is deleted; a reader moves nothing. A checkpoint that does not fit `template`
+        (`CheckpointMismatch`) is not damaged: the error is raised and nothing is moved.
         """
         for step in reversed(self.all_steps()):
             try:
                 return step, self.restore(step, template)
-            except Exception as error:  # orbax and TensorStore raise many kinds; all mean damage
-                aside = self.directory.parent / "damaged" / str(step)
-                aside.parent.mkdir(exist_ok=True)
-                shutil.move(self.directory / str(step), aside)
-                self.manager.reload()
-                reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
-                print(
-                    f"dew: warning: checkpoint {step} in {self.directory} is damaged "
-                    f"({type(error).__name__}: {reason}); moved to {aside}, trying the one before",
-                    file=sys.stderr,
-                )
+            except DamagedCheckpoint as damage:
+                moved = ""
+                if holds_lock(self.directory.parent):
+                    aside = self.directory.parent / "damaged" / str(step)
+                    aside.parent.mkdir(exist_ok=True)
+                    shutil.move(self.directory / str(step), aside)
+                    self.manager.reload()
+                    moved = f"; moved to {aside}"
+                print(f"dew: warning: {damage}{moved}, trying the one before", file=sys.stderr)
         return None, {}
 
     def items(self, step: int) -> list[str]:
