@@ -8,17 +8,21 @@ at the save of step 2, where the fault is triggered.
 """
 
 import contextlib
+import gc
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from dew import cli
+from dew import _signals, cli
+from dew._signals import handling_interrupts, interrupted
 from dew.train.checkpoint import Checkpoints
 from dew.train.runlog import read_metrics
 
@@ -230,3 +234,50 @@ def test_an_out_under_an_unwritable_folder_is_one_line_and_creates_nothing(capsy
     err = capsys.readouterr().err.strip()
     assert err == f"dew: error: --out {place / 'run'}: {place} is not writable"
     assert list(place.iterdir()) == []
+
+
+@pytest.fixture
+def signal_in_a_gc_callback():
+    """A `gc.callbacks` function that sends this process SIGTERM at the next collection.
+
+    The handler runs inside the callback, as it does when a signal lands while JAX's own
+    collection callback frees device buffers.
+    """
+    sent = []
+
+    def callback(phase, info):
+        if phase == "start" and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # the handler runs at one of these bytecodes
+                pass
+
+    gc.callbacks.append(callback)
+    yield sent
+    gc.callbacks.remove(callback)
+
+
+def test_a_signal_inside_a_gc_callback_still_interrupts(capsys, signal_in_a_gc_callback):
+    with pytest.raises(KeyboardInterrupt), handling_interrupts():
+        gc.collect()
+        assert signal_in_a_gc_callback and interrupted()  # the flag is set, nothing raised yet
+        time.sleep(5)  # the signal is delivered again here, outside the collection
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_a_command_a_signal_reached_inside_a_gc_callback_exits_as_interrupted(
+    capsys, monkeypatch, signal_in_a_gc_callback
+):
+    import dew.inference
+
+    sample_run = dew.inference.sample_run
+
+    def collected_first(*args, **kwargs):
+        gc.collect()
+        return sample_run(*args, **kwargs)
+
+    monkeypatch.setattr(dew.inference, "sample_run", collected_first)
+    monkeypatch.setattr(_signals, "_AGAIN_S", 60.0)  # the command ends before it is delivered
+    assert cli.main(["sample", "--model", "tiny", "--n", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "dew: interrupted; the last checkpoint is kept", err

@@ -13,9 +13,7 @@ import ast
 import dataclasses
 import inspect
 import re
-import signal
 import sys
-import threading
 import types
 import typing
 from pathlib import Path
@@ -769,11 +767,6 @@ _COMMANDS = {
 }
 
 
-def _terminate(signum, frame):
-    """SIGTERM ends a command as Ctrl-C does: the run stops cleanly, its files written."""
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     """The `dew` entry point; the exit status (also raised as `SystemExit` from the script).
 
@@ -817,16 +810,17 @@ def main(argv: list[str] | None = None) -> int:
         from dew.compile_cache import use_compile_cache
 
         use_compile_cache(_process_parser().parse_known_args(argv[1:])[0].compile_cache)
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    from dew._signals import handling_interrupts, interrupted
+
     try:
-        return command(argv[1:])
+        with handling_interrupts():  # SIGTERM ends a command as Ctrl-C does
+            status = command(argv[1:])
+            if status == 0 and interrupted():  # a signal that came as the command finished
+                raise KeyboardInterrupt
+            return status
     except _CommandError as error:
         print(f"dew: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dew: interrupted; the last checkpoint is kept", file=sys.stderr)
         return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
