@@ -8,6 +8,7 @@ at the save of step 2, where the fault is triggered.
 """
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -23,6 +24,8 @@ import pytest
 
 from dew import _signals, cli
 from dew._signals import handling_interrupts, interrupted
+from dew.train import TrainConfig
+from dew.train._folder import RunLock
 from dew.train.checkpoint import Checkpoints
 from dew.train.runlog import read_metrics
 
@@ -281,3 +284,67 @@ def test_a_command_a_signal_reached_inside_a_gc_callback_exits_as_interrupted(
     assert cli.main(["sample", "--model", "tiny", "--n", "1"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "dew: interrupted; the last checkpoint is kept", err
+
+
+LAUNCHER = """
+import sys
+
+from dew import _launch
+
+_launch._RUN = _launch._RUN.replace("from dew.cli import main; sys.exit(main())", "input()")
+sys.exit(_launch.launch(2, ["train"]))
+"""
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_the_launched_processes_die_with_a_killed_launcher(tmp_path):
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 60
+    while len(workers := _children(launcher.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(workers) == 2, "the launcher started its two processes"
+    time.sleep(1.0)  # each has asked to die with it, and waits for input
+    assert all(_alive(pid) for pid in workers)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived its launcher"
+
+
+def test_a_locked_run_is_one_line_before_the_processes_join(capsys, tmp_path, monkeypatch):
+    """`dew launch -- train --resume` onto a run a live writer holds: refused before JAX's
+    runtime joins the processes (where a refusal ends in its fatal log), in each process."""
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {**dataclasses.asdict(TrainConfig(objective="sft", model="tiny")), "task": "reverse"}
+    (run / "config.json").write_text(json.dumps(record))
+    monkeypatch.setattr(cli, "_join_processes", lambda argv: pytest.fail("joined"))
+    lock = RunLock(run)
+    lock.acquire()  # as a `dew train` still running there holds it
+    try:
+        assert cli.main(["train", "--resume", "--out", str(run), "--quiet"]) == 2
+    finally:
+        lock.release()
+    err = capsys.readouterr().err.strip()
+    assert err == f"dew: error: {run} is being written by another dew process (pid {os.getpid()})"

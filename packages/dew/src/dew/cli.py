@@ -425,12 +425,23 @@ def _parse_train(argv: list[str]):
     return defaults.replace(**values), quiet
 
 
+def _check_unlocked(out: str | None) -> None:
+    """`_CommandError` when another process writes run folder `out` (checked again on start)."""
+    from dew.train._folder import check_unlocked
+
+    try:
+        check_unlocked(Path(out)) if out else None
+    except ValueError as error:
+        raise _CommandError(str(error)) from error
+
+
 def _command_train(argv: list[str]) -> int:
     """Run `dew train`; the exit status.
 
     In a run of several processes only process 0 prints.
     """
     config, quiet = _parse_train(argv)  # every flag checked before JAX starts
+    _check_unlocked(config.run.out)
     _join_processes(argv)
     from rich.console import Console
 

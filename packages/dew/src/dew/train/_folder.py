@@ -26,6 +26,7 @@ __all__ = [
     "base_fingerprint",
     "check_base",
     "check_folder",
+    "check_unlocked",
     "holds_lock",
     "resume_changes",
     "run_record",
@@ -142,6 +143,37 @@ class RunLock:
             self.handle.close()
             self.handle = None
             _HELD.discard(self.path.parent.resolve())
+
+
+def check_unlocked(run_dir: Path) -> None:
+    """Raise `ConfigError` when a writer holds the lock of `run_dir`; creates nothing.
+
+    A multi-process run checks this before its processes join: the lock is taken after they
+    have, where a refusal would end them inside JAX's runtime rather than with one line.
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> check_unlocked(run_dir / "new")
+      >>> lock = RunLock(run_dir)
+      >>> lock.acquire()
+      >>> check_unlocked(run_dir)  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: ... is being written by another dew process (pid ...)
+      >>> lock.release()
+    """
+    path = run_dir / LOCK
+    if not path.is_file():
+        return
+    with path.open() as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip() or "unknown"
+            raise ConfigError(
+                f"{run_dir} is being written by another dew process (pid {holder})"
+            ) from None
 
 
 def holds_lock(run_dir: Path) -> bool:
