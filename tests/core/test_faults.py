@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -61,6 +62,13 @@ FULL_DISK = """
 # From here on every write to a file fails (EFBIG), as every write fails on a full disk (ENOSPC).
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+"""
+
+FULL_DISK_IN_THE_MIDDLE_OF_THE_SAVE = """
+# Files stop growing at 20 kB: step 2's records are written, its arrays' database is not, and
+# TensorStore raises the failure as a ValueError from several of Orbax's threads.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
 """
 
 FULL_DISK_AT_THE_NEXT_METRICS_ROW = """
@@ -143,9 +151,14 @@ def assert_one_line_error(done: subprocess.CompletedProcess, returncode: int) ->
     ("fault", "message", "kept"),
     [
         (FULL_DISK, "could not write the checkpoint of step 2 in {run}/checkpoints", 1),
+        (
+            FULL_DISK_IN_THE_MIDDLE_OF_THE_SAVE,
+            "could not write the checkpoint of step 2 in {run}/checkpoints",
+            1,
+        ),
         (FULL_DISK_AT_THE_NEXT_METRICS_ROW, "could not write the metrics of step 3 in {run}", 2),
     ],
-    ids=["during-a-save", "at-a-metrics-row"],
+    ids=["during-a-save", "in-the-middle-of-a-save", "at-a-metrics-row"],
 )
 def test_a_real_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     tmp_path, child_env, fault, message, kept
@@ -348,3 +361,60 @@ def test_a_locked_run_is_one_line_before_the_processes_join(capsys, tmp_path, mo
         lock.release()
     err = capsys.readouterr().err.strip()
     assert err == f"dew: error: {run} is being written by another dew process (pid {os.getpid()})"
+
+
+@contextlib.contextmanager
+def file_size_limited(size: int):
+    """A block in which no file of this process grows past `size` bytes (0: a full disk).
+
+    The kernel's limit, as a full disk, makes every write past it fail (EFBIG); Python ignores
+    the SIGXFSZ that comes with it. The limit is lifted when the block ends.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_full_disk_from_the_start_is_one_line_and_creates_nothing(capsys, tmp_path):
+    run = tmp_path / "runs" / "run"
+    with file_size_limited(0):
+        assert cli.main([*RUN, "--steps", "1", "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"dew: error: --out {run}: cannot write there: File too large"
+    assert not run.exists()
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("exported") / "run"
+    assert cli.main([*RUN, "--steps", "1", "--out", str(run)]) == 0
+    return run
+
+
+@pytest.mark.filterwarnings("ignore:Error writing persistent compilation cache")
+@pytest.mark.parametrize("size", [0, 4096], ids=["at-the-first-file", "at-the-weights"])
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
+    capsys, tmp_path, trained_run, size
+):
+    out = tmp_path / "place" / "exported"
+    with file_size_limited(size):
+        assert cli.main(["export", "--run", str(trained_run), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"dew: could not write {out}: File too large; nothing written"
+    assert not (tmp_path / "place").exists()
+
+
+def test_an_export_under_an_unwritable_folder_is_one_line_and_leaves_nothing(
+    capsys, tmp_path, trained_run
+):
+    place = tmp_path / "place"
+    place.mkdir()
+    with unwritable(place):
+        code = cli.main(["export", "--run", str(trained_run), "--out", str(place / "exported")])
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dew: could not write {place / 'exported'}: ") and "\n" not in err
+    assert list(place.iterdir()) == []

@@ -12,6 +12,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import re
 import sys
 import types
@@ -621,16 +622,53 @@ def _command_export(argv: list[str]) -> int:
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise _CommandError(f"--out {out} already holds files; choose a new or empty folder")
-    from dew.inference import export_run
-
     try:
-        run = export_run(args.run, out, args.step)
+        run = _export_whole(args.run, out, args.step)
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(f"--run {args.run}: {error}") from error
+    except OSError as error:
+        print(
+            f"dew: could not write {out}: {error.strerror or error}; nothing written",
+            file=sys.stderr,
+        )
+        return 1
     lora = run.config.get("lora", {}).get("lora_rank", 0)
     merged = f", LoRA rank {lora} merged" if lora else ""
     print(f"wrote {out}: {args.run} at step {run.step}{merged}")
     return 0
+
+
+def _export_whole(run_dir: str, out: Path, step: int | None):
+    """`export_run` into a new folder beside `out`, renamed to `out` once complete.
+
+    A write that fails (a full disk, a folder that refuses files) raises `OSError` and leaves
+    nothing behind: the partial folder is removed, `out` is as it was.
+    """
+    import shutil
+    import tempfile
+
+    from dew.inference import export_run
+
+    out = out.absolute()
+    made = [folder for folder in out.parents if not folder.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        try:
+            run = export_run(run_dir, partial, step)
+            partial.chmod(0o755)  # mkdtemp's folder is the user's alone; an export is not
+            partial.replace(out)  # onto a missing or empty `out`, in one step
+        except BaseException as error:
+            shutil.rmtree(partial, ignore_errors=True)
+            code = re.search(r"\(os error (\d+)\)", str(error))  # safetensors' SafetensorError
+            if code and not isinstance(error, OSError):
+                raise OSError(int(code[1]), os.strerror(int(code[1]))) from error
+            raise
+    except BaseException:
+        for folder in made:  # innermost first
+            folder.rmdir()
+        raise
+    return run
 
 
 def _command_chat(argv: list[str]) -> int:

@@ -118,9 +118,18 @@ class RunLock:
         self.handle = None
 
     def acquire(self) -> None:
-        """Take the lock, creating the folder if needed; `ConfigError` when another holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self.path.open("a+")
+        """Take the lock, creating the folder if needed; `ConfigError` when another holds it.
+
+        A folder where nothing can be written (a full disk, a file-size limit) is a one-line
+        `ConfigError` too, and what this made there is removed.
+        """
+        folder = self.path.parent
+        created = not folder.exists()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = self.path.open("a+")
+        except OSError as error:
+            raise ConfigError(f"--out {folder}: cannot write there: {_reason(error)}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -128,14 +137,19 @@ class RunLock:
             holder = handle.read().strip() or "unknown"
             handle.close()
             raise ConfigError(
-                f"{self.path.parent} is being written by another dew process (pid {holder})"
+                f"{folder} is being written by another dew process (pid {holder})"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+        try:  # unbuffered: a write that fails must not fail again when the file is closed
+            os.ftruncate(handle.fileno(), 0)
+            os.write(handle.fileno(), str(os.getpid()).encode())
+        except OSError as error:
+            handle.close()
+            if created:
+                self.path.unlink()
+                folder.rmdir()
+            raise ConfigError(f"--out {folder}: cannot write there: {_reason(error)}") from None
         self.handle = handle
-        _HELD.add(self.path.parent.resolve())
+        _HELD.add(folder.resolve())
 
     def release(self) -> None:
         """Drop the lock (closing the file releases it)."""
@@ -174,6 +188,10 @@ def check_unlocked(run_dir: Path) -> None:
             raise ConfigError(
                 f"{run_dir} is being written by another dew process (pid {holder})"
             ) from None
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
 
 
 def holds_lock(run_dir: Path) -> bool:

@@ -9,6 +9,9 @@ and restored into a template's structure, shapes and shardings.
 
 import contextlib
 import functools
+import logging
+import os
+import re
 import shutil
 import signal
 import sys
@@ -44,6 +47,24 @@ class DamagedCheckpoint(ValueError):
 
 class CheckpointMismatch(ConfigError):
     """A checkpoint whose arrays are not the policy's: it was saved from another model."""
+
+
+def _write_failure(error: Exception) -> OSError:
+    """`error`, raised by Orbax or TensorStore while writing, as the `OSError` that caused it.
+
+    TensorStore reports a failed write (a full disk) as a `ValueError` ending in
+    `[os_error_code='28']`; its number and the system's words for it are kept.
+
+    Examples:
+      >>> failure = _write_failure(ValueError("Failed writing: ... [os_error_code='28']"))
+      >>> failure.errno, failure.strerror
+      (28, 'No space left on device')
+    """
+    code = re.search(r"os_error_code='(\d+)'", str(error))
+    if code is None:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return OSError(f"{type(error).__name__}: {reason}")
+    return OSError(int(code[1]), os.strerror(int(code[1])))
 
 
 def _path_key(path) -> str:
@@ -170,7 +191,19 @@ def _orbax():
     """`orbax.checkpoint`, imported at a run's first save or restore rather than at start-up."""
     import orbax.checkpoint as ocp
 
+    absl = logging.getLogger("absl")
+    if _reraised not in absl.filters:
+        absl.addFilter(_reraised)
     return ocp
+
+
+def _reraised(record: logging.LogRecord) -> bool:
+    """Whether to print an absl log record: not the tracebacks Orbax's threads log.
+
+    An Orbax thread that fails logs its exception with its traceback, then the save or restore
+    that waits for it raises the same exception, which the run reports in one line.
+    """
+    return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
 class Checkpoints:
@@ -298,11 +331,20 @@ class Checkpoints:
 
 
 def _write(manager: "ocp.CheckpointManager", step: int, state: dict[str, Any]) -> None:
-    """`state` written by `manager` as the checkpoint of `step`, whole when this returns."""
+    """`state` written by `manager` as the checkpoint of `step`, whole when this returns.
+
+    A write that fails raises `OSError` (`_write_failure`), whatever Orbax raised.
+    """
     ocp = _orbax()
+    _quiet_closed_loops()
     items = {name: ocp.args.StandardSave(_flatten(tree)) for name, tree in state.items()}
-    manager.save(step, args=ocp.args.Composite(**items), force=True)
-    manager.wait_until_finished()
+    try:
+        manager.save(step, args=ocp.args.Composite(**items), force=True)
+        manager.wait_until_finished()
+    except OSError:
+        raise
+    except Exception as error:  # TensorStore's ValueError, Orbax's own kinds
+        raise _write_failure(error) from error
 
 
 class _Writing(threading.Thread):
