@@ -87,14 +87,27 @@ def check_folder(run_dir: Path, resume: bool) -> None:
         raise ConfigError(f"--out {run_dir}: {place} is a file, not a folder")
     if not os.access(place, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {run_dir}: {place} is not writable")
-    if resume:
-        if not (run_dir / CONFIG).is_file():
-            raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
-    elif place == run_dir and any(p.name != LOCK for p in run_dir.iterdir()):
+    is_run = (run_dir / CONFIG).is_file()
+    if resume and not is_run:
+        raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
+    if is_run and not _has_checkpoint(run_dir):
+        # Nothing to resume from, so --resume is no way out: the run stopped before its first.
+        raise ConfigError(
+            f"{'--resume' if resume else '--out'} {run_dir} holds a run that saved no checkpoint "
+            "(it stopped before its first); remove the folder to start it again, or choose "
+            "another --out"
+        )
+    if not resume and place == run_dir and any(p.name != LOCK for p in run_dir.iterdir()):
         raise ConfigError(
             f"--out {run_dir} holds files that are not a new run; pass --resume to continue a "
             "run there, or choose another --out"
         )
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Whether `run_dir/checkpoints` holds a step's folder (Orbax names them by the step)."""
+    folder = run_dir / "checkpoints"
+    return folder.is_dir() and any(p.is_dir() and p.name.isdigit() for p in folder.iterdir())
 
 
 class RunLock:
