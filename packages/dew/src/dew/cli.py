@@ -548,6 +548,24 @@ def _eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_appendable(out: Path) -> None:
+    """`_CommandError` unless a line can be appended to file `--out` (checked before evaluating).
+
+    Examples:
+      >>> _check_appendable(Path("no/such/folder/metrics.jsonl"))
+      Traceback (most recent call last):
+      ...
+      dew.cli._CommandError: --out no/such/folder/metrics.jsonl: no folder no/such/folder
+    """
+    folder = out.parent
+    if out.is_dir():
+        raise _CommandError(f"--out {out} is a folder; name a file to append the metrics to")
+    if not folder.is_dir():
+        raise _CommandError(f"--out {out}: no folder {folder}")
+    if not os.access(out if out.exists() else folder, os.W_OK):
+        raise _CommandError(f"--out {out}: cannot be written")
+
+
 def _command_eval(argv: list[str]) -> int:
     """Run `dew eval`; the exit status."""
     try:
@@ -556,6 +574,8 @@ def _command_eval(argv: list[str]) -> int:
         raise _CommandError(str(error)) from error
     if args["k"] < 1 or args["prompts"] < 1 or args["temperature"] < 0:
         raise _CommandError("--k and --prompts must be >= 1 and --temperature >= 0")
+    if args["out"]:
+        _check_appendable(Path(args["out"]))
     import json
 
     import jax

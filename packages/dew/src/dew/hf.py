@@ -32,6 +32,7 @@ from safetensors.numpy import save_file as save_numpy
 
 from dew import _gguf
 from dew._hf_format import CheckpointError, checkpoint_key, config_from_hf, config_to_hf
+from dew._model_checks import check_model_folder
 from dew.models.llama import ModelConfig, Policy, abstract, value_head
 from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
 from dew.tokenizers import HFTokenizer
@@ -174,6 +175,7 @@ def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> 
     if path.is_file() and path.suffix == ".gguf":
         return _load_gguf(path, dtype)
     if path.is_dir():
+        check_model_folder(path)  # the config's types and the tensors' dtypes, before any read
         return _load_folder(path, dtype)
     raise CheckpointError(f"{path}: neither a model folder nor a .gguf file")
 

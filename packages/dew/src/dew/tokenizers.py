@@ -170,9 +170,13 @@ class HFTokenizer:
         special: dict[str, str],
         chat_template: str | None,
         source: str,
+        template_source: str | None = None,
     ):
         self.tokenizer, self.special, self.source = tokenizer, special, source
         self.chat_template = chat_template
+        self.template_source = template_source or source
+        if chat_template is not None:
+            _ = self._compiled_template  # a template that does not parse is refused at load
         eos = special.get("eos_token")
         ids = {name: tokenizer.token_to_id(text) for name, text in special.items() if text}
         if ids.get("eos_token") is None:
@@ -191,12 +195,19 @@ class HFTokenizer:
         template = settings.get("chat_template")
         if isinstance(template, list):  # named templates: transformers uses "default"
             template = {t["name"]: t["template"] for t in template}.get("default")
+        where = tokenizer_json.parent / "tokenizer_config.json"
         beside = tokenizer_json.parent / "chat_template.jinja"
         if template is None and beside.is_file():
-            template = beside.read_text()
+            template, where = beside.read_text(), beside
         names = ("bos_token", "eos_token", "pad_token", "unk_token")
         special = {name: _token_text(settings.get(name)) for name in names}
-        return cls(tokenizer, special=special, chat_template=template, source=str(tokenizer_json))
+        return cls(
+            tokenizer,
+            special=special,
+            chat_template=template,
+            source=str(tokenizer_json),
+            template_source=str(where),
+        )
 
     @classmethod
     def from_gguf(cls, metadata: dict, source: str) -> "HFTokenizer":
@@ -255,8 +266,19 @@ class HFTokenizer:
 
     @functools.cached_property
     def _compiled_template(self) -> "jinja2.Template":
-        """The chat template, compiled once: compiling takes far longer than rendering."""
-        return _template_environment().from_string(self.chat_template)
+        """The chat template, compiled once: compiling takes far longer than rendering.
+
+        `ValueError` naming the file it came from and the line when it does not parse.
+        """
+        import jinja2
+
+        try:
+            return _template_environment().from_string(self.chat_template)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(
+                f"{self.template_source}: the chat template does not parse: line "
+                f"{error.lineno}: {error.message}"
+            ) from None
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """`messages` rendered by the chat template; `ValueError` when there is none."""
@@ -264,9 +286,14 @@ class HFTokenizer:
             raise ValueError(f"{self.source}: this tokenizer has no chat template")
         template = self._compiled_template
         special = {name: text for name, text in self.special.items() if text is not None}
-        return template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special
-        )
+        import jinja2
+
+        try:
+            return template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **special
+            )
+        except jinja2.TemplateError as error:  # the template's own raise_exception included
+            raise ValueError(f"{self.template_source}: the chat template failed: {error}") from None
 
 
 def _end_of_turn_id(tokenizer: Tokenizer) -> int:

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
+from dew._model_checks import check_context, check_model
 from dew.batch import Batch
 from dew.compile_cache import _preload
 from dew.distributed import barrier, is_primary
@@ -154,11 +155,14 @@ class Trainer:
     ):
         try:
             source: ModelSource = resolve_model(config.model)
+            architecture = check_model(source.path, source.config)  # before anything is written
+            tokenizer = source.tokenizer()
         except ValueError as error:
             raise ConfigError(str(error)) from error
         self.objective, self.task = _resolve(config, objective, task)
-        self.prompter = _make_prompter(config, self.task, source.tokenizer())
+        self.prompter = _make_prompter(config, self.task, tokenizer)
         validate(config, self.objective)
+        _check_context(self.prompter, architecture)
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
         check_folder(self.run_dir, config.run.resume)
@@ -522,6 +526,13 @@ class Trainer:
             self.checkpoints.close()
             self.lock.release()
         return self.log.rows
+
+
+def _check_context(prompter: Prompter, architecture) -> None:
+    try:
+        check_context(prompter.width, prompter.max_new_tokens, architecture)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
 
 
 def _scored(drawn: DrawnRollout, reference: jax.Array | None) -> Rollout:
