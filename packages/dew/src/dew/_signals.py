@@ -1,56 +1,54 @@
-"""Ctrl-C and SIGTERM as `KeyboardInterrupt`, none lost inside a garbage-collection callback.
+"""Ctrl-C and SIGTERM as `KeyboardInterrupt`, none lost where Python cannot raise it.
 
 Python runs a signal's handler in the main thread at the next bytecode it executes. When that is
-inside a `gc.callbacks` function (JAX registers one that frees device buffers at every
-collection), an exception the handler raises is printed as "Exception ignored" and dropped, and
-the command carries on. The handler here sets a flag; it raises at once only outside such a
-callback, and inside one delivers the signal again a moment later, once the collection is over.
-A command that ends before then still ends as interrupted (`interrupted`).
+inside a function the interpreter calls on its own (a `gc.callbacks` function, and JAX registers
+one that frees device buffers at every collection; a weakref callback; a `__del__`), the
+`KeyboardInterrupt` the handler raises is handed to `sys.unraisablehook`, printed as "Exception
+ignored", and the command carries on. Here the handler also sets a flag, and the hook, instead
+of printing, delivers the signal again a moment later, where it can be raised. A command that
+ends before then still ends as interrupted (`interrupted`).
 """
 
 import contextlib
-import gc
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
 
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 _AGAIN_S = 0.01
-"""How long after a signal that came inside a collection it is delivered again."""
+"""How long after a signal whose interrupt was swallowed it is delivered again."""
 _received: list[int] = []
 """The signals received since `handling_interrupts` began: the flag the commands check."""
 _handling: list[bool] = []
 """Not empty while a `handling_interrupts` block runs, so a late delivery finds the handler."""
-
-
-def _inside_gc_callback(frame: FrameType | None) -> bool:
-    """Whether `frame` runs inside one of the functions in `gc.callbacks`.
-
-    Examples:
-      >>> import sys
-      >>> _inside_gc_callback(sys._getframe())
-      False
-    """
-    codes = {getattr(callback, "__code__", None) for callback in gc.callbacks}
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
+_pending: list[threading.Timer] = []
+"""The deliveries to come, cancelled when the block ends."""
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
     _received.append(signum)
-    if not _inside_gc_callback(frame):
-        raise KeyboardInterrupt
-    threading.Timer(_AGAIN_S, _deliver_again, (signum,)).start()
+    raise KeyboardInterrupt
 
 
 def _deliver_again(signum: int) -> None:
     if _handling:  # after the block the handler before it would take the signal
         os.kill(os.getpid(), signum)
+
+
+def _unraisable(previous):
+    """A `sys.unraisablehook` that delivers again the signals whose interrupt was swallowed."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received and _handling:
+            _pending.append(threading.Timer(_AGAIN_S, _deliver_again, (_received[-1],)))
+            _pending[-1].start()
+            return
+        previous(unraisable)
+
+    return hook
 
 
 def interrupted() -> bool:
@@ -84,10 +82,14 @@ def handling_interrupts() -> Iterator[None]:
         yield
         return
     previous = {number: signal.signal(number, _handle) for number in _INTERRUPTS}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
     _handling.append(True)
     try:
         yield
     finally:
         _handling.pop()
+        while _pending:
+            _pending.pop().cancel()
+        sys.unraisablehook = previous_hook
         for number, handler in previous.items():
             signal.signal(number, handler)

@@ -28,13 +28,11 @@ if TYPE_CHECKING:
     import orbax.checkpoint as ocp
 
 __all__ = [
-    "CheckpointMismatch",
     "Checkpoints",
-    "DamagedCheckpoint",
 ]
 
 
-class DamagedCheckpoint(ValueError):
+class _DamagedCheckpoint(ValueError):
     """A checkpoint that cannot be read: its record does not parse or its arrays do not load."""
 
     def __init__(self, where: Path, error: BaseException):
@@ -45,7 +43,7 @@ class DamagedCheckpoint(ValueError):
         )
 
 
-class CheckpointMismatch(ConfigError):
+class _CheckpointMismatch(ConfigError):
     """A checkpoint whose arrays are not the policy's: it was saved from another model."""
 
 
@@ -147,8 +145,8 @@ def _abstract(x):
 def _check_fits(step_dir: Path, name: str, arrays: dict[str, Any]) -> None:
     """Raise unless item `name` of the checkpoint in `step_dir` holds `arrays`' names and shapes.
 
-    Reads the item's record alone (no array data): `DamagedCheckpoint` when it is missing or
-    does not parse, `CheckpointMismatch` naming the first array that differs.
+    Reads the item's record alone (no array data): `_DamagedCheckpoint` when it is missing or
+    does not parse, `_CheckpointMismatch` naming the first array that differs.
     """
     ocp = _orbax()
     try:
@@ -156,12 +154,12 @@ def _check_fits(step_dir: Path, name: str, arrays: dict[str, Any]) -> None:
     except PermissionError:  # a folder this user may not read is not damaged
         raise
     except Exception as error:  # a missing folder, a torn record, a truncated database
-        raise DamagedCheckpoint(step_dir, error) from error
+        raise _DamagedCheckpoint(step_dir, error) from error
     for key, array in arrays.items():
         shape = tuple(getattr(saved.get(key), "shape", None) or ()) if key in saved else None
         if shape != tuple(array.shape):
             was = f"of shape {shape}" if shape is not None else "missing"
-            raise CheckpointMismatch(
+            raise _CheckpointMismatch(
                 f"checkpoint {step_dir.name} in {step_dir.parent} was saved from another model: "
                 f"its {name} {key} is {was}, the policy's is of shape {tuple(array.shape)}"
             )
@@ -273,8 +271,8 @@ class Checkpoints:
 
         `template` maps item names to pytrees of arrays or `jax.ShapeDtypeStruct`s; items saved
         but not named (the optimizer state, when only params are wanted) are not read. The saved
-        names and shapes are compared with the template's first: `CheckpointMismatch` when they
-        differ (a policy built from another model), `DamagedCheckpoint` when the checkpoint's
+        names and shapes are compared with the template's first: `_CheckpointMismatch` when they
+        differ (a policy built from another model), `_DamagedCheckpoint` when the checkpoint's
         own record cannot be read or its arrays cannot (a truncated file, an emptied folder).
         """
         ocp = _orbax()
@@ -288,22 +286,22 @@ class Checkpoints:
         except PermissionError:
             raise
         except Exception as error:  # orbax and TensorStore raise many kinds; the shapes fit
-            raise DamagedCheckpoint(self.directory / str(step), error) from error
+            raise _DamagedCheckpoint(self.directory / str(step), error) from error
         return {name: _unflatten(template[name], restored[name]) for name in template}
 
     def restore_latest(self, template: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         """The newest checkpoint that restores, as `(step, items)`; `(None, {})` if none does.
 
-        A damaged checkpoint (`DamagedCheckpoint`) is passed over with a one-line warning on
+        A damaged checkpoint (`_DamagedCheckpoint`) is passed over with a one-line warning on
         stderr. The run's writer, the process holding the run folder's lock, also moves it aside
         to `damaged/<step>` beside the checkpoints folder, so its step can be saved again and
         nothing is deleted; a reader moves nothing. A checkpoint that does not fit `template`
-        (`CheckpointMismatch`) is not damaged: the error is raised and nothing is moved.
+        (`_CheckpointMismatch`) is not damaged: the error is raised and nothing is moved.
         """
         for step in reversed(self.all_steps()):
             try:
                 return step, self.restore(step, template)
-            except DamagedCheckpoint as damage:
+            except _DamagedCheckpoint as damage:
                 moved = ""
                 if holds_lock(self.directory.parent):
                     aside = self.directory.parent / "damaged" / str(step)
