@@ -3,15 +3,19 @@
 Each process is `dew train ARGS` with JAX's settings in its environment (`JAX_COORDINATOR_ADDRESS`
 on a free local port, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`) and the devices JAX gives it there.
 Process 0's output is the launcher's; another's error output is shown when it fails. When one
-process fails the others are stopped, and the launcher exits with the failed one's status.
+process fails the others are stopped, and the launcher exits with the failed one's status. The
+processes die with the launcher, however it dies (`_die_with_launcher`): none is left training
+and holding the run folder's lock.
 """
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +24,35 @@ _STOP_S = 10.0
 """Seconds a stopped process has to finish (its checkpoint in flight) before it is killed."""
 _SHOWN_LINES = 5
 """The last lines of a failed process's error output the launcher shows."""
-_RUN = "import sys; from dew.cli import main; sys.exit(main())"
+_RUN = (
+    "import os, sys; from dew._launch import _die_with_launcher; "
+    "_die_with_launcher(int(os.environ['DEW_LAUNCHER_PID'])); "
+    "from dew.cli import main; sys.exit(main())"
+)
+_PR_SET_PDEATHSIG = 1
+"""Linux's `prctl` option: the signal the kernel sends a process when its parent dies."""
+
+
+def _die_with_launcher(launcher: int) -> None:
+    """Make this process (a launched one) die when process `launcher`, its parent, does.
+
+    On Linux the kernel sends it SIGKILL (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread of its
+    own checks its parent every `_POLL_S`. A launcher gone already ends it now. SIGKILL and not
+    SIGTERM: a process waiting for the others inside a collective would never run a handler, and
+    a checkpoint cut short is left aside by the next resume.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    else:
+        threading.Thread(target=_watch, args=(launcher,), name="dew-launcher", daemon=True).start()
+    if os.getppid() != launcher:
+        os._exit(1)
+
+
+def _watch(launcher: int) -> None:
+    while os.getppid() == launcher:
+        time.sleep(_POLL_S)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -48,6 +80,7 @@ def process_environment(count: int, index: int, port: int) -> dict[str, str]:
         "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
         "JAX_NUM_PROCESSES": str(count),
         "JAX_PROCESS_ID": str(index),
+        "DEW_LAUNCHER_PID": str(os.getpid()),
     }
 
 

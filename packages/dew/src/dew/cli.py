@@ -13,11 +13,10 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import re
 import shlex
-import signal
 import sys
-import threading
 import types
 import typing
 from pathlib import Path
@@ -474,12 +473,23 @@ def _absolute_model(model: str) -> str:
     return str(Path(model).absolute())
 
 
+def _check_unlocked(out: str | None) -> None:
+    """`_CommandError` when another process writes run folder `out` (checked again on start)."""
+    from dew.train._folder import check_unlocked
+
+    try:
+        check_unlocked(Path(out)) if out else None
+    except ValueError as error:
+        raise _CommandError(str(error)) from error
+
+
 def _command_train(argv: list[str]) -> int:
     """Run `dew train`; the exit status.
 
     In a run of several processes only process 0 prints.
     """
     config, quiet = _parse_train(argv)  # every flag checked before JAX starts
+    _check_unlocked(config.run.out)
     _join_processes(argv)
     from rich.console import Console
 
@@ -626,6 +636,24 @@ def _terminal() -> bool:
     return sys.stderr.isatty()
 
 
+def _check_appendable(out: Path) -> None:
+    """`_CommandError` unless a line can be appended to file `--out` (checked before evaluating).
+
+    Examples:
+      >>> _check_appendable(Path("no/such/folder/metrics.jsonl"))
+      Traceback (most recent call last):
+      ...
+      dew.cli._CommandError: --out no/such/folder/metrics.jsonl: no folder no/such/folder
+    """
+    folder = out.parent
+    if out.is_dir():
+        raise _CommandError(f"--out {out} is a folder; name a file to append the metrics to")
+    if not folder.is_dir():
+        raise _CommandError(f"--out {out}: no folder {folder}")
+    if not os.access(out if out.exists() else folder, os.W_OK):
+        raise _CommandError(f"--out {out}: cannot be written")
+
+
 def _command_eval(argv: list[str]) -> int:
     """Run `dew eval`; the exit status."""
     try:
@@ -634,6 +662,8 @@ def _command_eval(argv: list[str]) -> int:
         raise _CommandError(str(error)) from error
     if args["k"] < 1 or args["prompts"] < 1 or args["temperature"] < 0:
         raise _CommandError("--k and --prompts must be >= 1 and --temperature >= 0")
+    if args["out"]:
+        _check_appendable(Path(args["out"]))
     import json
 
     import jax
@@ -704,17 +734,55 @@ def _command_export(argv: list[str]) -> int:
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise _CommandError(f"--out {out} already holds files; choose a new or empty folder")
-    from dew.inference import export_run
     from dew.train.runlog import read_config
 
     try:
         lora = read_config(args.run).get("lora", {}).get("lora_rank", 0)
-        step = export_run(args.run, out, args.step)
+        step = _export_whole(args.run, out, args.step)
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(f"--run {args.run}: {error}") from error
+    except OSError as error:
+        print(
+            f"dew: could not write {out}: {error.strerror or error}; nothing written",
+            file=sys.stderr,
+        )
+        return 1
     merged = f", LoRA rank {lora} merged" if lora else ""
     print(f"wrote {out}: {args.run} at step {step}{merged}")
     return 0
+
+
+def _export_whole(run_dir: str, out: Path, step: int | None) -> int:
+    """`export_run` into a new folder beside `out`, renamed to `out` once complete; the step.
+
+    A write that fails (a full disk, a folder that refuses files) raises `OSError` and leaves
+    nothing behind: the partial folder is removed, `out` is as it was.
+    """
+    import shutil
+    import tempfile
+
+    from dew.inference import export_run
+
+    out = out.absolute()
+    made = [folder for folder in out.parents if not folder.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        try:
+            step = export_run(run_dir, partial, step)
+            partial.chmod(0o755)  # mkdtemp's folder is the user's alone; an export is not
+            partial.replace(out)  # onto a missing or empty `out`, in one step
+        except BaseException as error:
+            shutil.rmtree(partial, ignore_errors=True)
+            code = re.search(r"\(os error (\d+)\)", str(error))  # safetensors' SafetensorError
+            if code and not isinstance(error, OSError):
+                raise OSError(int(code[1]), os.strerror(int(code[1]))) from error
+            raise
+    except BaseException:
+        for folder in made:  # innermost first
+            folder.rmdir()
+        raise
+    return step
 
 
 def _command_chat(argv: list[str]) -> int:
@@ -966,11 +1034,6 @@ _COMMANDS = {
 }
 
 
-def _terminate(signum, frame):
-    """SIGTERM ends a command as Ctrl-C does: the run stops cleanly, its files written."""
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     """The `dew` entry point; the exit status (also raised as `SystemExit` from the script).
 
@@ -1009,20 +1072,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dew: error: unknown command {argv[0]!r}; {known}", file=sys.stderr)
         return 2
     command = _COMMANDS[argv[0]]
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    try:
-        if not {"-h", "--help"} & set(argv):
-            from dew.compile_cache import use_compile_cache
+    from dew._signals import handling_interrupts, interrupted
 
-            use_compile_cache(_process_parser().parse_known_args(argv[1:])[0].compile_cache)
-        return command(argv[1:])
+    try:
+        with handling_interrupts():  # SIGTERM ends a command as Ctrl-C does
+            if not {"-h", "--help"} & set(argv):
+                from dew.compile_cache import use_compile_cache
+
+                use_compile_cache(_process_parser().parse_known_args(argv[1:])[0].compile_cache)
+            status = command(argv[1:])
+            if status == 0 and interrupted():  # a signal that came as the command finished
+                raise KeyboardInterrupt
+            return status
     except _CommandError as error:
         print(f"dew: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # `dew train` says itself what a stopped run kept
         print("dew: interrupted", file=sys.stderr)
         return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)

@@ -40,6 +40,7 @@ from dew._hf_format import (
     config_to_hf,
     family_of,
 )
+from dew._model_checks import check_model_folder
 from dew.models import CausalLM
 from dew.models.llama import ModelConfig, abstract, value_head
 from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
@@ -219,6 +220,7 @@ def load_policy(path: str | Path, dtype: jax.typing.DTypeLike | None = None) -> 
     if path.is_file() and path.suffix == ".gguf":
         return _load_gguf(path, dtype)
     if path.is_dir():
+        check_model_folder(path)  # the config's types and the tensors' dtypes, before any read
         return _load_folder(path, dtype)
     raise CheckpointError(f"{path}: neither a model folder nor a .gguf file")
 

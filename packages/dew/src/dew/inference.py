@@ -26,6 +26,7 @@ from dew.rollout import Prompter
 from dew.rollout.generate import Rollouts, SingleTurn
 from dew.tasks import Task
 from dew.tokenizers import DigitTokenizer, HFTokenizer, Tokenizer
+from dew.train._folder import check_base
 from dew.train._precision import cast_floating
 from dew.train.checkpoint import Checkpoints
 from dew.train.config import TrainConfig, _make_prompter, _resolve_task
@@ -78,8 +79,9 @@ def load_run(
     The task and prompt options are the run's, or `config`'s when given.
 
     `FileNotFoundError` when the folder is not a run, holds no intact checkpoint, or the model
-    the run was trained on is gone; a damaged newest checkpoint is moved aside with a one-line
-    warning and the one before it is used.
+    the run was trained on is gone, `ConfigError` when its `--model` is no longer the base it
+    was trained on; a damaged newest checkpoint is passed over with a one-line warning (and
+    left where it is) and the one before it is used.
 
     Examples:
       >>> import shutil, tempfile
@@ -101,14 +103,17 @@ def load_run(
 
 
 def _trained_on(run_dir: Path, record: dict[str, Any]) -> ModelSource:
-    """The model a recorded run was trained on; `FileNotFoundError` naming the run when gone."""
+    """The model a recorded run was trained on, checked to be that base still;
+    `FileNotFoundError` naming the run when it is gone."""
     try:
-        return resolve_model(record["model"])
+        source = resolve_model(record["model"])
     except ValueError as error:
         raise FileNotFoundError(
             f"{run_dir} was trained on --model {record['model']!r}, which is not there now "
             f"({error})"
         ) from None
+    check_base(run_dir, record)
+    return source
 
 
 def _restored(run_dir: Path, record: dict[str, Any], source: ModelSource, step: int | None):

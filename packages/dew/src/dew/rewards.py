@@ -29,6 +29,7 @@ Examples:
 import dataclasses
 import functools
 import importlib
+import inspect
 import math
 import os
 import re
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "dew.rewards"
+_LARGEST = float(np.finfo(np.float32).max)
+"""The largest reward in size: rewards are float32 from the batch on."""
 
 
 class RewardError(RuntimeError):
@@ -269,7 +272,54 @@ def get_reward(name: str, **options: Any) -> RewardFunction:
         )
     if not callable(function):
         raise ValueError(f"--reward {name!r} is not callable")
+    _check_options(name, function, options)
     return functools.partial(function, **options) if options else function
+
+
+def _keyword_options(function: Any) -> list[str] | None:
+    """The options `function` takes: its named parameters with defaults after the first two.
+
+    The others it reads are the examples' columns. None when its signature cannot be read.
+
+    Examples:
+      >>> _keyword_options(format), _keyword_options(math_answer)
+      (['pattern'], [])
+    """
+    try:
+        parameters = list(inspect.signature(function).parameters.values())[2:]
+    except (TypeError, ValueError):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in named and p.default is not p.empty]
+
+
+def _check_options(name: str, function: Any, options: Mapping[str, Any]) -> None:
+    """Raise `ValueError` naming the first of `options` that `function` does not take or refuses.
+
+    Examples:
+      >>> _check_options("format", format, {"patern": "x"})
+      Traceback (most recent call last):
+      ...
+      ValueError: --reward-option format.patern: format has no option 'patern'; its options: pattern
+      >>> _check_options("format", format, {"pattern": "(x"})  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: --reward-option format.pattern: not a regular expression: missing ), ...
+    """
+    known = _keyword_options(function)
+    for key in options:
+        if known is not None and key not in known:
+            raise ValueError(
+                f"--reward-option {name}.{key}: {name} has no option {key!r}; its options: "
+                f"{', '.join(known) or 'none'}"
+            )
+    if function is format and "pattern" in options:
+        try:
+            re.compile(options["pattern"])
+        except (re.error, TypeError) as error:
+            raise ValueError(
+                f"--reward-option {name}.pattern: not a regular expression: {error}"
+            ) from None
 
 
 def _parse_reward(spec: str, options: Mapping[str, Any] | None = None) -> Reward:
@@ -347,8 +397,41 @@ def _values(reward: Reward, prompts, completions, columns) -> np.ndarray:
             raise RewardError(
                 f"reward {reward.name!r} returned {value} on " + _sample(prompts, completions, row)
             )
+        if abs(value) > _LARGEST:
+            raise RewardError(
+                f"reward {reward.name!r} returned {value}, beyond float32's range (the rewards "
+                f"are float32, at most {_LARGEST:.3g} in size), on "
+                + _sample(prompts, completions, row)
+            )
         values[row] = value
     return values
+
+
+_WARNED: set[str] = set()
+"""The rewards `_warn_judged_none` has warned of in this process."""
+
+
+def _warn_judged_none(reward: Reward, columns: Mapping[str, Sequence[Any]]) -> None:
+    """Warn once per reward that it returned None for every completion, naming its columns.
+
+    The examples' columns it reads are its named parameters without a default after the first
+    two; a column that is missing or empty there is why it cannot judge.
+    """
+    if reward.name in _WARNED:
+        return
+    _WARNED.add(reward.name)
+    try:
+        parameters = list(inspect.signature(reward.function).parameters.values())[2:]
+    except (TypeError, ValueError):
+        parameters = []
+    read = [p.name for p in parameters if p.default is p.empty and p.kind is not p.VAR_KEYWORD]
+    seen = [f"{name} (first {list(columns[name])[:2]!r})" for name in read if name in columns]
+    reads = f"; it reads the column {', '.join(seen)}" if seen else ""
+    print(
+        f"dew: warning: reward {reward.name!r} returned None for every completion, so it adds "
+        f"nothing to the rewards trained on{reads}",
+        file=sys.stderr,
+    )
 
 
 def score_texts(
@@ -375,6 +458,15 @@ def score_texts(
     parts = {}
     for reward in rewards:
         values = _values(reward, prompts, completions, columns)
+        if len(values) and np.isnan(values).all():
+            _warn_judged_none(reward, columns)
         total += reward.weight * np.nan_to_num(values, nan=0.0)
         parts[reward.name] = values.astype(np.float32)
+    beyond = np.flatnonzero(np.abs(total) > _LARGEST)
+    if beyond.size:
+        names = ", ".join(repr(reward.name) for reward in rewards)
+        raise RewardError(
+            f"the weighted total of the rewards {names} is {total[beyond[0]]:.3g}, beyond "
+            f"float32's range, on " + _sample(prompts, completions, int(beyond[0]))
+        )
     return total.astype(np.float32), parts

@@ -218,9 +218,14 @@ class HFTokenizer:
         chat_template: str | None,
         source: str,
         tool_use_template: str | None = None,
+        template_source: str | None = None,
     ):
         self.tokenizer, self.special, self.source = tokenizer, special, source
         self.chat_template, self.tool_use_template = chat_template, tool_use_template
+        self.template_source = template_source or source
+        for template in (chat_template, tool_use_template):
+            if template is not None:
+                self._compiled_template(template)  # a template that does not parse is refused
         eos = special.get("eos_token")
         ids = {name: tokenizer.token_to_id(text) for name, text in special.items() if text}
         if ids.get("eos_token") is None:
@@ -236,7 +241,10 @@ class HFTokenizer:
             tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_json))
         except Exception as error:  # the Rust library raises a bare Exception
             raise ValueError(f"{tokenizer_json}: cannot read ({error})") from None
-        templates = _named_templates(tokenizer_json.parent, settings.get("chat_template"))
+        folder = tokenizer_json.parent
+        templates = _named_templates(folder, settings.get("chat_template"))
+        beside = folder / "chat_template.jinja"
+        where = beside if beside.is_file() else folder / "tokenizer_config.json"
         names = ("bos_token", "eos_token", "pad_token", "unk_token")
         special = {name: _token_text(settings.get(name)) for name in names}
         return cls(
@@ -245,6 +253,7 @@ class HFTokenizer:
             chat_template=templates.get("default"),
             tool_use_template=templates.get("tool_use"),
             source=str(tokenizer_json),
+            template_source=str(where),
         )
 
     @classmethod
@@ -307,6 +316,19 @@ class HFTokenizer:
         """The text of `ids`, special tokens kept."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def _compiled_template(self, template: str) -> "jinja2.Template":
+        """`template` compiled (once, `_compiled` keeps it); `ValueError` naming the file it
+        came from and the line when it does not parse."""
+        import jinja2
+
+        try:
+            return _compiled(template)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(
+                f"{self.template_source}: the chat template does not parse: line "
+                f"{error.lineno}: {error.message}"
+            ) from None
+
     def apply_chat_template(
         self,
         messages: list[dict],
@@ -347,15 +369,20 @@ class HFTokenizer:
             chat_template = self.tool_use_template or chat_template
         if chat_template is None:
             raise ValueError(f"{self.source}: this tokenizer has no chat template")
-        template = _compiled(chat_template)
+        template = self._compiled_template(chat_template)
         special = {name: text for name, text in self.special.items() if text is not None}
-        return template.render(
-            messages=messages,
-            tools=tools,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            **special,
-        )
+        import jinja2
+
+        try:
+            return template.render(
+                messages=messages,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **special,
+            )
+        except jinja2.TemplateError as error:  # the template's own raise_exception included
+            raise ValueError(f"{self.template_source}: the chat template failed: {error}") from None
 
 
 def _schema_of(tool) -> dict:
@@ -376,7 +403,7 @@ def _refuses_system_role(tokenizer: Tokenizer) -> bool:
     probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     try:
         tokenizer.apply_chat_template(probe, add_generation_prompt=True)
-    except jinja2.exceptions.TemplateError:
+    except (ValueError, jinja2.exceptions.TemplateError):  # HFTokenizer names the template
         return True
     return False
 

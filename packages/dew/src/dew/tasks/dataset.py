@@ -110,8 +110,15 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     """The objects of a JSON Lines file, blank lines skipped; `ValueError` naming a bad line."""
     rows = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with path.open("rb") as lines:  # decoded a line at a time, to name the line at fault
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"--data {path} line {number}: not UTF-8 (byte {raw[error.start]:#04x} "
+                    f"at byte {error.start + 1} of the line)"
+                ) from None
             if not line.strip():
                 continue
             try:

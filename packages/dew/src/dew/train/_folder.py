@@ -10,6 +10,7 @@ at.
 
 import dataclasses
 import fcntl
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,11 @@ __all__ = [
     "LOCK",
     "MAY_CHANGE_ON_RESUME",
     "RunLock",
+    "base_fingerprint",
+    "check_base",
     "check_folder",
+    "check_unlocked",
+    "holds_lock",
     "resume_changes",
     "run_record",
 ]
@@ -48,6 +53,13 @@ MAY_CHANGE_ON_RESUME = (
 computes (up to float summation order), so a run that ran out of memory can resume with them; the
 evaluation, sample and tracker options change what is written beside the run, not the run."""
 _NOT_OPTIONS = ("out", "resume")
+_HELD: set[Path] = set()
+"""The run folders whose lock this process holds."""
+_SAMPLES = 16
+_SAMPLE_BYTES = 1 << 16
+"""A base's fingerprint reads this many bytes at this many places of each file larger than
+their product, and the whole of smaller ones: a new download differs in every sampled part
+while reading 1 MiB of each file, however large."""
 
 
 def check_folder(run_dir: Path, resume: bool) -> None:
@@ -78,14 +90,27 @@ def check_folder(run_dir: Path, resume: bool) -> None:
         raise ConfigError(f"--out {run_dir}: {place} is a file, not a folder")
     if not os.access(place, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {run_dir}: {place} is not writable")
-    if resume:
-        if not (run_dir / CONFIG).is_file():
-            raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
-    elif place == run_dir and any(p.name != LOCK for p in run_dir.iterdir()):
+    is_run = (run_dir / CONFIG).is_file()
+    if resume and not is_run:
+        raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
+    if is_run and not _has_checkpoint(run_dir):
+        # Nothing to resume from, so --resume is no way out: the run stopped before its first.
+        raise ConfigError(
+            f"{'--resume' if resume else '--out'} {run_dir} holds a run that saved no checkpoint "
+            "(it stopped before its first); remove the folder to start it again, or choose "
+            "another --out"
+        )
+    if not resume and place == run_dir and any(p.name != LOCK for p in run_dir.iterdir()):
         raise ConfigError(
             f"--out {run_dir} holds files that are not a new run; pass --resume to continue a "
             "run there, or choose another --out"
         )
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Whether `run_dir/checkpoints` holds a step's folder (Orbax names them by the step)."""
+    folder = run_dir / "checkpoints"
+    return folder.is_dir() and any(p.is_dir() and p.name.isdigit() for p in folder.iterdir())
 
 
 class RunLock:
@@ -109,9 +134,18 @@ class RunLock:
         self.handle = None
 
     def acquire(self) -> None:
-        """Take the lock, creating the folder if needed; `ConfigError` when another holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self.path.open("a+")
+        """Take the lock, creating the folder if needed; `ConfigError` when another holds it.
+
+        A folder where nothing can be written (a full disk, a file-size limit) is a one-line
+        `ConfigError` too, and what this made there is removed.
+        """
+        folder = self.path.parent
+        created = not folder.exists()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = self.path.open("a+")
+        except OSError as error:
+            raise ConfigError(f"--out {folder}: cannot write there: {_reason(error)}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -119,19 +153,78 @@ class RunLock:
             holder = handle.read().strip() or "unknown"
             handle.close()
             raise ConfigError(
-                f"{self.path.parent} is being written by another dew process (pid {holder})"
+                f"{folder} is being written by another dew process (pid {holder})"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+        try:  # unbuffered: a write that fails must not fail again when the file is closed
+            os.ftruncate(handle.fileno(), 0)
+            os.write(handle.fileno(), str(os.getpid()).encode())
+        except OSError as error:
+            handle.close()
+            if created:
+                self.path.unlink()
+                folder.rmdir()
+            raise ConfigError(f"--out {folder}: cannot write there: {_reason(error)}") from None
         self.handle = handle
+        _HELD.add(folder.resolve())
 
     def release(self) -> None:
         """Drop the lock (closing the file releases it)."""
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+            _HELD.discard(self.path.parent.resolve())
+
+
+def check_unlocked(run_dir: Path) -> None:
+    """Raise `ConfigError` when a writer holds the lock of `run_dir`; creates nothing.
+
+    A multi-process run checks this before its processes join: the lock is taken after they
+    have, where a refusal would end them inside JAX's runtime rather than with one line.
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> check_unlocked(run_dir / "new")
+      >>> lock = RunLock(run_dir)
+      >>> lock.acquire()
+      >>> check_unlocked(run_dir)  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: ... is being written by another dew process (pid ...)
+      >>> lock.release()
+    """
+    path = run_dir / LOCK
+    if not path.is_file():
+        return
+    with path.open() as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip() or "unknown"
+            raise ConfigError(
+                f"{run_dir} is being written by another dew process (pid {holder})"
+            ) from None
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+def holds_lock(run_dir: Path) -> bool:
+    """Whether this process holds the lock of `run_dir` (it is the run's writer).
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp())
+      >>> lock = RunLock(run_dir)
+      >>> lock.acquire()
+      >>> holds_lock(run_dir)
+      True
+      >>> lock.release()
+      >>> holds_lock(run_dir)
+      False
+    """
+    return Path(run_dir).resolve() in _HELD
 
 
 def _flag(name: str) -> str:
@@ -158,6 +251,7 @@ def resume_changes(run_dir: Path, config: TrainConfig, task_name: str) -> dict[s
       dew.options.ConfigError: --resume: --group is 4 here but the run has 8; it defines the run
     """
     recorded = read_config(run_dir)
+    check_base(run_dir, recorded)
     saved = TrainConfig.from_record(recorded).flat()
     saved["task"] = recorded.get("task", saved["task"])
     now = {**config.flat(), "task": task_name}
@@ -194,4 +288,79 @@ def run_record(config: TrainConfig, run_dir: Path, **extra) -> dict[str, Any]:
     """
     values = dataclasses.asdict(config)
     values["run"] = {**values["run"], "out": str(run_dir), "resume": False}
-    return {**values, **extra}
+    return {**values, "base": base_fingerprint(config.model), **extra}
+
+
+def base_fingerprint(model: str) -> str | None:
+    """A digest of the files of checkpoint `model` (a folder or a file); None for a built-in size.
+
+    It reads each weight, config and tokenizer file's name, size and, past 1 MiB, sixteen
+    evenly spaced 64 KiB parts: a model moved or copied keeps its fingerprint, another download
+    (even of the same shapes) does not.
+
+    Examples:
+      >>> import tempfile
+      >>> folder = Path(tempfile.mkdtemp())
+      >>> _ = (folder / "config.json").write_text("{}")
+      >>> first = base_fingerprint(str(folder))
+      >>> _ = (folder / "config.json").write_text("[]")
+      >>> len(first), first != base_fingerprint(str(folder)), base_fingerprint("tiny")
+      (16, True, None)
+    """
+    from dew.models.registry import resolve_model
+
+    path = resolve_model(model).path
+    if path is None:
+        return None
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        if file.is_file() and file.suffix in (".safetensors", ".gguf", ".json", ".model"):
+            digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+            digest.update(_sampled_bytes(file))
+    return digest.hexdigest()[:16]
+
+
+def _sampled_bytes(file: Path) -> bytes:
+    """All of `file` when it is small, else `_SAMPLES` evenly spaced parts of it."""
+    size = file.stat().st_size
+    with file.open("rb") as handle:
+        if size <= _SAMPLES * _SAMPLE_BYTES:
+            return handle.read()
+        parts = []
+        for index in range(_SAMPLES):
+            handle.seek((size - _SAMPLE_BYTES) * index // (_SAMPLES - 1))
+            parts.append(handle.read(_SAMPLE_BYTES))
+        return b"".join(parts)
+
+
+def check_base(run_dir: Path, record: dict[str, Any]) -> None:
+    """Raise `ConfigError` unless the run's `--model` is still the base it was trained on.
+
+    The run's `config.json` records its base's fingerprint (`base_fingerprint`); a run recorded
+    without one, or on a built-in size, passes.
+
+    Examples:
+      >>> import tempfile
+      >>> folder = Path(tempfile.mkdtemp())
+      >>> _ = (folder / "config.json").write_text("{}")
+      >>> record = {"model": str(folder), "base": base_fingerprint(str(folder))}
+      >>> check_base(Path("run"), record)
+      >>> _ = (folder / "config.json").write_text("[]")
+      >>> check_base(Path("run"), record)  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --model ... is not the base run was trained on: ...
+    """
+    was = record.get("base")
+    if was is None:
+        return
+    try:
+        now = base_fingerprint(record["model"])
+    except ValueError as error:
+        raise ConfigError(f"{run_dir}: the run's base is gone: {error}") from None
+    if now != was:
+        raise ConfigError(
+            f"--model {record['model']} is not the base {run_dir} was trained on: its files' "
+            f"fingerprint is {now}, the run's base's {was}; put that base back there"
+        )

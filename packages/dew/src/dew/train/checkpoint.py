@@ -9,6 +9,9 @@ and restored into a template's structure, shapes and shardings.
 
 import contextlib
 import functools
+import logging
+import os
+import re
 import shutil
 import signal
 import sys
@@ -18,12 +21,48 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from dew.options import ConfigError
+from dew.train._folder import holds_lock
+
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
 
 __all__ = [
     "Checkpoints",
 ]
+
+
+class _DamagedCheckpoint(ValueError):
+    """A checkpoint that cannot be read: its record does not parse or its arrays do not load."""
+
+    def __init__(self, where: Path, error: BaseException):
+        reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
+        super().__init__(
+            f"checkpoint {where.name} in {where.parent} is damaged ({type(error).__name__}: "
+            f"{reason})"
+        )
+
+
+class _CheckpointMismatch(ConfigError):
+    """A checkpoint whose arrays are not the policy's: it was saved from another model."""
+
+
+def _write_failure(error: Exception) -> OSError:
+    """`error`, raised by Orbax or TensorStore while writing, as the `OSError` that caused it.
+
+    TensorStore reports a failed write (a full disk) as a `ValueError` ending in
+    `[os_error_code='28']`; its number and the system's words for it are kept.
+
+    Examples:
+      >>> failure = _write_failure(ValueError("Failed writing: ... [os_error_code='28']"))
+      >>> failure.errno, failure.strerror
+      (28, 'No space left on device')
+    """
+    code = re.search(r"os_error_code='(\d+)'", str(error))
+    if code is None:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return OSError(f"{type(error).__name__}: {reason}")
+    return OSError(int(code[1]), os.strerror(int(code[1])))
 
 
 def _path_key(path) -> str:
@@ -103,11 +142,66 @@ def _abstract(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
+def _check_fits(step_dir: Path, name: str, arrays: dict[str, Any]) -> None:
+    """Raise unless item `name` of the checkpoint in `step_dir` holds `arrays`' names and shapes.
+
+    Reads the item's record alone (no array data): `_DamagedCheckpoint` when it is missing or
+    does not parse, `_CheckpointMismatch` naming the first array that differs.
+    """
+    ocp = _orbax()
+    try:
+        saved = dict(ocp.StandardCheckpointHandler().metadata(step_dir / name))
+    except PermissionError:  # a folder this user may not read is not damaged
+        raise
+    except Exception as error:  # a missing folder, a torn record, a truncated database
+        raise _DamagedCheckpoint(step_dir, error) from error
+    for key, array in arrays.items():
+        shape = tuple(getattr(saved.get(key), "shape", None) or ()) if key in saved else None
+        if shape != tuple(array.shape):
+            was = f"of shape {shape}" if shape is not None else "missing"
+            raise _CheckpointMismatch(
+                f"checkpoint {step_dir.name} in {step_dir.parent} was saved from another model: "
+                f"its {name} {key} is {was}, the policy's is of shape {tuple(array.shape)}"
+            )
+
+
+def _quiet_closed_loops() -> None:
+    """Leave out of stderr the `Event loop is closed` errors of a restore that failed.
+
+    When one array of a restore fails, Orbax closes its event loop while TensorStore still
+    completes the others, and each completion's callback raises into `sys.unraisablehook`,
+    which would print a traceback per array long after the failure was reported.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "_dew_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook._dew_quiet = True
+    sys.unraisablehook = hook
+
+
 def _orbax():
     """`orbax.checkpoint`, imported at a run's first save or restore rather than at start-up."""
     import orbax.checkpoint as ocp
 
+    absl = logging.getLogger("absl")
+    if _reraised not in absl.filters:
+        absl.addFilter(_reraised)
     return ocp
+
+
+def _reraised(record: logging.LogRecord) -> bool:
+    """Whether to print an absl log record: not the tracebacks Orbax's threads log.
+
+    An Orbax thread that fails logs its exception with its traceback, then the save or restore
+    that waits for it raises the same exception, which the run reports in one line.
+    """
+    return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
 class Checkpoints:
@@ -176,37 +270,46 @@ class Checkpoints:
         """The items of `template` saved at `step`, shaped and placed like it.
 
         `template` maps item names to pytrees of arrays or `jax.ShapeDtypeStruct`s; items saved
-        but not named (the optimizer state, when only params are wanted) are not read.
+        but not named (the optimizer state, when only params are wanted) are not read. The saved
+        names and shapes are compared with the template's first: `_CheckpointMismatch` when they
+        differ (a policy built from another model), `_DamagedCheckpoint` when the checkpoint's
+        own record cannot be read or its arrays cannot (a truncated file, an emptied folder).
         """
         ocp = _orbax()
-        items = {
-            name: ocp.args.StandardRestore(_flatten(jax.tree.map(_abstract, tree)))
-            for name, tree in template.items()
-        }
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        _quiet_closed_loops()
+        flat = {name: _flatten(jax.tree.map(_abstract, tree)) for name, tree in template.items()}
+        for name, arrays in flat.items():
+            _check_fits(self.directory / str(step), name, arrays)
+        items = {name: ocp.args.StandardRestore(arrays) for name, arrays in flat.items()}
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except PermissionError:
+            raise
+        except Exception as error:  # orbax and TensorStore raise many kinds; the shapes fit
+            raise _DamagedCheckpoint(self.directory / str(step), error) from error
         return {name: _unflatten(template[name], restored[name]) for name in template}
 
     def restore_latest(self, template: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         """The newest checkpoint that restores, as `(step, items)`; `(None, {})` if none does.
 
-        A checkpoint that fails to restore (a truncated file, a missing item, an emptied step
-        folder) is moved aside to `damaged/<step>` beside the checkpoints folder, so its step can
-        be saved again and nothing is deleted, with a one-line warning on stderr.
+        A damaged checkpoint (`_DamagedCheckpoint`) is passed over with a one-line warning on
+        stderr. The run's writer, the process holding the run folder's lock, also moves it aside
+        to `damaged/<step>` beside the checkpoints folder, so its step can be saved again and
+        nothing is deleted; a reader moves nothing. A checkpoint that does not fit `template`
+        (`_CheckpointMismatch`) is not damaged: the error is raised and nothing is moved.
         """
         for step in reversed(self.all_steps()):
             try:
                 return step, self.restore(step, template)
-            except Exception as error:  # orbax and TensorStore raise many kinds; all mean damage
-                aside = self.directory.parent / "damaged" / str(step)
-                aside.parent.mkdir(exist_ok=True)
-                shutil.move(self.directory / str(step), aside)
-                self.manager.reload()
-                reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
-                print(
-                    f"dew: warning: checkpoint {step} in {self.directory} is damaged "
-                    f"({type(error).__name__}: {reason}); moved to {aside}, trying the one before",
-                    file=sys.stderr,
-                )
+            except _DamagedCheckpoint as damage:
+                moved = ""
+                if holds_lock(self.directory.parent):
+                    aside = self.directory.parent / "damaged" / str(step)
+                    aside.parent.mkdir(exist_ok=True)
+                    shutil.move(self.directory / str(step), aside)
+                    self.manager.reload()
+                    moved = f"; moved to {aside}"
+                print(f"dew: warning: {damage}{moved}, trying the one before", file=sys.stderr)
         return None, {}
 
     def items(self, step: int) -> list[str]:
@@ -226,11 +329,20 @@ class Checkpoints:
 
 
 def _write(manager: "ocp.CheckpointManager", step: int, state: dict[str, Any]) -> None:
-    """`state` written by `manager` as the checkpoint of `step`, whole when this returns."""
+    """`state` written by `manager` as the checkpoint of `step`, whole when this returns.
+
+    A write that fails raises `OSError` (`_write_failure`), whatever Orbax raised.
+    """
     ocp = _orbax()
+    _quiet_closed_loops()
     items = {name: ocp.args.StandardSave(_flatten(tree)) for name, tree in state.items()}
-    manager.save(step, args=ocp.args.Composite(**items), force=True)
-    manager.wait_until_finished()
+    try:
+        manager.save(step, args=ocp.args.Composite(**items), force=True)
+        manager.wait_until_finished()
+    except OSError:
+        raise
+    except Exception as error:  # TensorStore's ValueError, Orbax's own kinds
+        raise _write_failure(error) from error
 
 
 class _Writing(threading.Thread):

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
+from dew._model_checks import check_context, check_model
 from dew.batch import Batch
 from dew.compile_cache import _preload
 from dew.distributed import barrier, is_primary
@@ -169,11 +170,14 @@ class Trainer:
     ):
         try:
             source: ModelSource = resolve_model(config.model)
+            architecture = check_model(source.path, source.config)  # before anything is written
+            tokenizer = source.tokenizer()
         except ValueError as error:
             raise ConfigError(str(error)) from error
         self.objective, self.task = _resolve(config, objective, task)
-        self.prompter = _make_prompter(config, self.task, source.tokenizer())
+        self.prompter = _make_prompter(config, self.task, tokenizer)
         validate(config, self.objective)
+        _check_context(self.prompter, architecture)
         devices = config.mesh.devices or len(jax.devices())
         width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
         rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
@@ -564,6 +568,13 @@ class Trainer:
             self.checkpoints.close()
             self.lock.release()
         return self.log.rows
+
+
+def _check_context(prompter: Prompter, architecture) -> None:
+    try:
+        check_context(prompter.width, prompter.max_new_tokens, architecture)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
 
 
 def _scored(drawn: Drawn, reference: jax.Array | None) -> Rollout:
