@@ -24,7 +24,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_math.py"
 
 
 def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    # A name no other module has: doctest looks a function's module up by its name.
+    spec = importlib.util.spec_from_file_location(f"_benchmark_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -34,7 +34,7 @@ def test_the_streamed_answer_is_the_samplers():
             key,
             max_new_tokens=6,
             temperature=temperature,
-            eos_id=end,
+            stop_ids=(end,),
             pad_id=tokenizer.pad_token_id,
         )
         ids = np.asarray(out.tokens[0])[np.asarray(out.completion_mask[0])].tolist()

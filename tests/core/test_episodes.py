@@ -6,14 +6,9 @@ episode loop, the tools, the observation tokens, the real `extend_state` and the
 is tested. One test runs the real sampler through an environment's turns.
 """
 
-import concurrent.futures
 import dataclasses
-import importlib.util
 import json
-import re
-import sys
 import time
-import types
 from pathlib import Path
 
 import jax
@@ -28,94 +23,10 @@ from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
 from dew.rewards import Reward
 from dew.rollout import Prompter
+from dew.rollout.episode import EpisodeLimits, Episodes
 
-TOOL_CHAT = Path(__file__).resolve().parents[2] / "../shared/hf/tool-chat"
+TOOL_CHAT = Path(__file__).resolve().parent / "hf" / "tool-chat"
 SCRIPTED_LOG_PROB = -0.5
-
-
-def _stand_in_tools() -> types.ModuleType:
-    """The agreed `dew.tools` interface, minimal, for as long as the module is not here."""
-    module = types.ModuleType("dew.tools")
-
-    @dataclasses.dataclass(frozen=True)
-    class ToolCall:
-        name: str
-        arguments: dict
-
-    @dataclasses.dataclass(frozen=True)
-    class ParsedTurn:
-        content: str
-        calls: tuple
-        malformed: tuple
-
-    @dataclasses.dataclass(frozen=True)
-    class ToolResult:
-        name: str
-        content: str
-        error: str | None
-        seconds: float
-        truncated: bool = False
-
-    class HermesParser:
-        def parse(self, text):
-            calls, malformed = [], []
-            for block in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
-                try:
-                    call = json.loads(block)
-                    calls.append(ToolCall(call["name"], dict(call["arguments"])))
-                except (ValueError, KeyError, TypeError):
-                    malformed.append(block)
-            content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S).strip()
-            return ParsedTurn(content, tuple(calls), tuple(malformed))
-
-    class ToolRunner:
-        def __init__(self, tools, *, timeout=10.0, max_workers=8):
-            self.tools, self.timeout = {fn.__name__: fn for fn in tools}, timeout
-            self.pool = concurrent.futures.ThreadPoolExecutor(max_workers)
-
-        def _one(self, call):
-            began = time.perf_counter()
-            if call.name not in self.tools:
-                return ToolResult(call.name, f"error: unknown tool {call.name}", "unknown", 0.0)
-            future = self.pool.submit(self.tools[call.name], **call.arguments)
-            try:
-                value = future.result(timeout=self.timeout)
-            except concurrent.futures.TimeoutError:
-                return ToolResult(call.name, "error: timeout", "timeout", self.timeout)
-            except Exception as error:
-                return ToolResult(call.name, f"error: {error}", "raised", 0.0)
-            text = value if isinstance(value, str) else json.dumps(value)
-            return ToolResult(call.name, text, None, time.perf_counter() - began)
-
-        def submit(self, calls):
-            return self.pool.submit(lambda: [self._one(call) for call in calls])
-
-        def close(self):
-            self.pool.shutdown(wait=False, cancel_futures=True)
-
-    def tool_messages(turn, results):
-        return [{"role": "tool", "name": r.name, "content": r.content} for r in results]
-
-    def appended_tokens(tokenizer, before, after, *, tools):
-        head = tokenizer.apply_chat_template(before, add_generation_prompt=False)
-        whole = tokenizer.apply_chat_template(after, add_generation_prompt=True)
-        assert whole.startswith(head)
-        return tokenizer.encode(whole[len(head) :])
-
-    def json_schema(fn):
-        return {"type": "function", "function": {"name": fn.__name__}}
-
-    for value in (ToolCall, ParsedTurn, ToolResult, HermesParser, ToolRunner):
-        setattr(module, value.__name__, value)
-    module.tool_messages, module.appended_tokens = tool_messages, appended_tokens
-    module.json_schema = json_schema
-    return module
-
-
-if importlib.util.find_spec("dew.tools") is None:
-    sys.modules["dew.tools"] = _stand_in_tools()
-
-from dew.rollout.episode import EpisodeLimits, Episodes  # noqa: E402
 
 
 class _Tokenizer:

@@ -47,7 +47,7 @@ def greedy(policy, prompts, prompt_len, steps=8):
     padded = jnp.asarray(np.where(prompts < 0, 0, prompts))
     out = sample(
         policy, padded, jnp.asarray(prompt_len), jax.random.key(0), max_new_tokens=steps,
-        temperature=0.0, eos_id=-1,
+        temperature=0.0, stop_ids=(-1,),
     )  # fmt: skip
     tokens = np.asarray(out.tokens)
     return np.stack([tokens[row, n : n + steps] for row, n in enumerate(prompt_len)])

@@ -12,7 +12,7 @@ import pytest
 from dew import cli
 from dew.models.registry import resolve_model
 from dew.train import _memory
-from dew.train.callbacks import Checkpointing
+from dew.train.callbacks import Checkpointing, StepRecord
 from dew.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +68,9 @@ def test_the_tutorials_run_fits_a_16_gib_machine_with_room_to_spare():
 
 
 class _Trainer:
+    last_step = 100
+
     def __init__(self):
-        self.config = TrainConfig().replace(steps=100)
         self.saved = []
 
     def save(self):
@@ -83,7 +84,7 @@ def test_a_real_model_run_is_checkpointed_by_time_too(monkeypatch):
     checkpointing.on_start(trainer)
     for step, minutes in [(1, 2.0), (2, 4.9), (3, 5.5), (4, 9.0), (5, 10.6)]:
         now[0], trainer.step = 60 * minutes, step
-        checkpointing.on_step(trainer, {"step": step})
+        checkpointing.on_step(trainer, StepRecord(step, {"step": step}, rollout=None))
     assert trainer.saved == [3, 5]
     assert TrainConfig().replace(checkpoint_minutes=5.0).run.checkpoint_minutes == 5.0
     assert cli.main(["train", "--checkpoint-minutes", "-1"]) == 2

@@ -162,6 +162,11 @@ class _RunModel(ModelSource):
         run_dir = Path(self.path)
         return _trained_on(run_dir, read_config(run_dir)).tokenizer()
 
+    def checked(self) -> ModelConfig:
+        """The architecture of the run's base model, its files checked."""
+        run_dir = Path(self.path)
+        return _trained_on(run_dir, read_config(run_dir)).checked()
+
 
 def _policy_parts(config: dict[str, Any], source: ModelSource):
     """A recorded run's policy as `(graphdef, trained params, frozen params)`, untrained.

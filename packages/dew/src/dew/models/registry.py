@@ -72,6 +72,16 @@ class ModelSource:
     config: ModelConfig | None = None
     path: Path | None = None
 
+    def checked(self) -> ModelConfig:
+        """The architecture, the checkpoint's files checked first (no weight read).
+
+        A one-line `CheckpointError` naming the file and key or tensor at fault
+        (`dew._model_checks.check_model`).
+        """
+        from dew._model_checks import check_model
+
+        return check_model(self.path, self.config)
+
     def policy(self, seed: int = 0, *, value_head: bool = False) -> CausalLM:
         """The policy, with a zero-initialised value head when asked.
 

@@ -177,8 +177,10 @@ def _cached_dataset(name: str, split: str) -> list[dict[str, Any]]:
 
 
 def to_examples(data: Any) -> list[dict[str, Any]]:
-    """The examples (a list of dicts) of `data`: a list of dicts, a `datasets.Dataset`, a pandas
-    `DataFrame`, or a path `load_examples` reads.
+    """The examples, as a list of dicts, of a list of dicts, a dataset, a DataFrame or a path.
+
+    `data` is a list of dicts, a `datasets.Dataset`, a pandas `DataFrame`, or a path
+    `load_examples` reads.
 
     Each column keeps its values' types, as the dataset gives them to TRL's reward functions: a
     DataFrame's through Arrow (numpy arrays become lists, numpy numbers Python ones).

@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
-from dew._model_checks import check_context, check_model
+from dew._model_checks import check_context
 from dew.batch import Batch
 from dew.compile_cache import _preload
 from dew.distributed import barrier, is_primary
@@ -170,7 +170,7 @@ class Trainer:
     ):
         try:
             source: ModelSource = resolve_model(config.model)
-            architecture = check_model(source.path, source.config)  # before anything is written
+            architecture = source.checked()  # before anything is written
             tokenizer = source.tokenizer()
         except ValueError as error:
             raise ConfigError(str(error)) from error
