@@ -51,7 +51,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "SHARD_BYTES", "CheckpointError", "load_policy", "load_reward_model", "load_tokenizer",
         "save_adapters", "save_policy", "with_value_head",
     },
-    "dew.inference": {"Run", "chat_reply"},
+    "dew.inference": {"Run", "agent_reply", "chat_reply"},
     "dew.mesh": {
         "AXIS", "assemble", "batch_sharding", "gather_rows", "make_mesh", "param_shardings",
         "process_rows", "replicated", "to_host",
