@@ -113,6 +113,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "closing_tokens", "json_schema", "load_tool", "malformed_results", "tool_messages",
         "truncate",
     },
+    "dew.tools.builtin": {"calculator"},
     "dew.tools.calls": {"HermesParser", "ParsedTurn", "ToolCall", "ToolCallParser"},
     "dew.tools.messages": {
         "appended_tokens", "closing_tokens", "malformed_results", "tool_messages",

@@ -177,3 +177,10 @@ def test_chat_tool_and_environment_mistakes_are_one_line(capsys, tmp_path, monke
         assert cli.main(["chat", "--model", str(TOOL_CHAT), *flags, "hi"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith(f"dew: error: {message}"), err
+
+
+def test_chat_runs_the_builtin_calculator(monkeypatch, capsys):
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
+    _scripted(monkeypatch, [call, "42"])
+    assert cli.main(["chat", "--model", str(TOOL_CHAT), "--tool", "calculator", "6 * 7?"]) == 0
+    assert capsys.readouterr().out.splitlines() == [call, "[tool calculator] 42", "42"]
