@@ -92,7 +92,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.rollout": {"Prompts", "Rollouts", "SingleTurn", "StepRollout"},
     "dew.rollout.generate": {"Drawn", "DrawnRollout", "Rollouts", "SingleTurn", "draw_rollout"},
     "dew.rollout.episode": {
-        "Environment", "Episode", "EpisodeLimits", "Episodes", "episode_metrics",
+        "Environment", "Episode", "EpisodeLimits", "Episodes", "environment_methods",
+        "episode_metrics",
     },
     "dew.rollout.prompter": {"Prompts"},
     "dew.rollout.sources": {"StepRollout"},

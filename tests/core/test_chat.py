@@ -91,6 +91,10 @@ class Countdown:
     def step(self, assistant_message: dict):
         self.left -= 1
         return None if self.left == 0 else f"{self.left} left"
+
+    def turns_left(self) -> int:
+        """The turns the countdown has left."""
+        return self.left
 '''
 
 
@@ -184,3 +188,17 @@ def test_chat_runs_the_builtin_calculator(monkeypatch, capsys):
     _scripted(monkeypatch, [call, "42"])
     assert cli.main(["chat", "--model", str(TOOL_CHAT), "--tool", "calculator", "6 * 7?"]) == 0
     assert capsys.readouterr().out.splitlines() == [call, "[tool calculator] 42", "42"]
+
+
+def test_chat_with_environment_tools_calls_the_instances_methods(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    call = '<tool_call>{"name": "turns_left", "arguments": {}}</tool_call>'
+    seen = _scripted(monkeypatch, [call, "one", "two"])
+    argv = ["chat", "--model", str(TOOL_CHAT), "--environment", "chat_tools:Countdown"]
+    assert cli.main([*argv, "--environment-tools", "go"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [call, "[tool turns_left] 2", "one", "[user] 1 left", "two"]
+    assert [s["function"]["name"] for s in seen[0][1]] == ["turns_left"]
+    assert cli.main(["chat", "--model", str(TOOL_CHAT), "--environment-tools", "go"]) == 2
+    assert "--environment-tools needs --environment" in capsys.readouterr().err

@@ -727,7 +727,8 @@ def _command_chat(argv: list[str]) -> int:
     `--tool`s the model's tool calls are run and the answer continues after their results
     (`dew.inference.agent_reply`); with `--environment` the class is made once, its `reset`
     takes the first message as `prompt`, and its observations answer the turns without calls
-    until its `step` returns None. Each tool result and observation is printed on its own line.
+    until its `step` returns None (with `--environment-tools` its public methods are tools as
+    well). Each tool result and observation is printed on its own line.
     """
     parser = _Parser(
         prog="dew chat",
@@ -764,6 +765,11 @@ def _command_chat(argv: list[str]) -> int:
         default=4,
         help="assistant turns per answer with --tool or --environment (default: 4)",
     )
+    parser.add_argument(
+        "--environment-tools",
+        action="store_true",
+        help="the --environment's public methods are tools too, run by its instance",
+    )
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as error:
@@ -772,6 +778,8 @@ def _command_chat(argv: list[str]) -> int:
         raise _CommandError("--max-new-tokens must be > 0 and --temperature >= 0")
     if args.max_turns < 1:
         raise _CommandError(f"--max-turns must be at least 1, got {args.max_turns}")
+    if args.environment_tools and args.environment is None:
+        raise _CommandError("--environment-tools needs --environment")
     if args.tools or args.environment is not None:
         return _agent_chat(args)
     import jax
@@ -819,7 +827,8 @@ def _agent_chat(args: argparse.Namespace) -> int:
 
     from dew import inference
     from dew.models.registry import resolve_model
-    from dew.tools import load_tool
+    from dew.rollout.episode import environment_methods
+    from dew.tools import ToolError, json_schema, load_tool
     from dew.train.config import _load_environment
 
     try:
@@ -827,6 +836,12 @@ def _agent_chat(args: argparse.Namespace) -> int:
         environment = None if args.environment is None else _load_environment(args.environment)
     except ValueError as error:
         raise _CommandError(str(error)) from error
+    methods = environment_methods(environment) if args.environment_tools else []
+    try:
+        for name in methods:
+            json_schema(getattr(environment, name))
+    except ToolError as error:
+        raise _CommandError(f"--environment {args.environment!r}: {error}") from error
     _tell(f"loading {args.model}")
     try:
         source = resolve_model(args.model)
@@ -839,11 +854,12 @@ def _agent_chat(args: argparse.Namespace) -> int:
         print("dew: type a message; an empty line, `exit` or Ctrl-D ends", file=sys.stderr)
     turns = iter([args.message]) if args.message is not None else _turns(interactive)
     messages: list[dict] = []
-    game = None
+    game, episode_tools = None, tools
     for number, text in enumerate(turns):
         if environment is not None and game is None:
             game = environment()
             messages.extend(_environment_start(game, args.environment, text))
+            episode_tools = [*tools, *(getattr(game, name) for name in methods)]
         else:
             messages.append({"role": "user", "content": text})
         events = inference.agent_reply(
@@ -853,7 +869,7 @@ def _agent_chat(args: argparse.Namespace) -> int:
             jax.random.fold_in(jax.random.key(args.seed), number),
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
-            tools=tools,
+            tools=episode_tools,
             environment=game,
             max_turns=args.max_turns,
         )
