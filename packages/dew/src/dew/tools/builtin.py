@@ -3,8 +3,8 @@
 `calculator` (`--tool calculator`) evaluates arithmetic safely: the expression is parsed with
 `ast` and only numbers, `+ - * / // % **` and parentheses are evaluated, never names, calls or
 attributes, with powers and integers bounded so that no expression holds a thread for long. A
-tool's docstring is its schema (`dew.tools.json_schema`), what the model reads, so the examples
-are here rather than there.
+tool's docstring is its schema (`dew.tools.json_schema`), what the model reads: its examples
+follow a `Raises:` section, which the schema leaves out, as transformers' does.
 
 Reference: Toolformer (Schick et al., 2023), whose calculator tool this is; TRL's tool-calling
 examples.
@@ -63,6 +63,13 @@ def calculator(expression: str) -> str:
 
     Returns:
         The value, or an error message beginning "Error:".
+
+    Raises:
+        Nothing: a failure is the "Error:" text it returns.
+
+    Examples:
+        >>> calculator("6 * 7"), calculator("2 ** 0.5")
+        ('42', '1.4142135623730951')
     """
     try:
         tree = ast.parse(expression.strip(), mode="eval")
