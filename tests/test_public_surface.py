@@ -51,7 +51,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "SHARD_BYTES", "CheckpointError", "load_policy", "load_reward_model", "load_tokenizer",
         "save_adapters", "save_policy", "with_value_head",
     },
-    "dew.inference": {"Run", "chat_reply"},
+    "dew.inference": {"Run", "agent_reply", "chat_reply"},
     "dew.mesh": {
         "AXIS", "assemble", "batch_sharding", "gather_rows", "make_mesh", "param_shardings",
         "process_rows", "replicated", "to_host",
@@ -92,7 +92,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.rollout": {"Prompts", "Rollouts", "SingleTurn", "StepRollout"},
     "dew.rollout.generate": {"Drawn", "DrawnRollout", "Rollouts", "SingleTurn", "draw_rollout"},
     "dew.rollout.episode": {
-        "Environment", "Episode", "EpisodeLimits", "Episodes", "episode_metrics",
+        "Environment", "Episode", "EpisodeLimits", "Episodes", "environment_methods",
+        "episode_metrics",
     },
     "dew.rollout.prompter": {"Prompts"},
     "dew.rollout.sources": {"StepRollout"},
@@ -113,6 +114,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "closing_tokens", "json_schema", "load_tool", "malformed_results", "tool_messages",
         "truncate",
     },
+    "dew.tools.builtin": {"calculator"},
     "dew.tools.calls": {"HermesParser", "ParsedTurn", "ToolCall", "ToolCallParser"},
     "dew.tools.messages": {
         "appended_tokens", "closing_tokens", "malformed_results", "tool_messages",

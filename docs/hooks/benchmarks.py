@@ -7,7 +7,8 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
 `<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->`,
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
-`<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->` or `<!-- bench: guess -->`;
+`<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->` or
+`<!-- bench: episodes -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -391,6 +392,18 @@ def guess_table() -> str:
     return markdown_table([f"`{r['model']}` model, seed {r['seed']}", "games solved"], rows)
 
 
+def episodes_table() -> str:
+    """A multi-turn batch's sampling against a single turn's, the same tokens sampled."""
+    r = load("episodes")
+    rows = [
+        [name, f"{1e3 * seconds:.1f}", f"{r['tokens_per_s'][name]:,.0f}",
+         f"{r['ratio_to_single_turn'][name]:.2f}"]
+        for name, seconds in r["median_s"].items()
+    ]  # fmt: skip
+    header = f"{r['rows']} rows x {r['turns']} turns x {r['per_turn']} tokens"
+    return markdown_table([header, "median ms", "sampled tokens/s", "x single turn"], rows)
+
+
 def expand(match: re.Match) -> str:
     table = match["table"]
     if table == "machine":
@@ -429,6 +442,8 @@ def expand(match: re.Match) -> str:
         return memory_steps_table()
     if table == "guess":
         return guess_table()
+    if table == "episodes":
+        return episodes_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
 
 

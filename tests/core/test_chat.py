@@ -66,3 +66,139 @@ def test_a_conversation_past_the_context_is_one_line(capsys):
     assert cli.main(["chat", "--model", str(CHAT), "--max-new-tokens", "100000", "hi"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("dew: error: the conversation (") and "context" in err[-1]
+
+
+TOOL_CHAT = Path(__file__).parent / "hf" / "tool-chat"
+
+TOOLS_MODULE = '''
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+class Countdown:
+    """Answers each turn with the turns left; ends the episode after two."""
+
+    def reset(self, prompt: str, **columns) -> str:
+        self.left = 2
+        return "count: " + prompt
+
+    def step(self, assistant_message: dict):
+        self.left -= 1
+        return None if self.left == 0 else f"{self.left} left"
+
+    def turns_left(self) -> int:
+        """The turns the countdown has left."""
+        return self.left
+'''
+
+
+def _scripted(monkeypatch, answers):
+    """`chat_reply` replaced by one that streams `answers` in turn, recording what it saw."""
+    seen = []
+    script = iter(answers)
+
+    def scripted(policy, tokenizer, messages, key, *, tools=None, **options):
+        seen.append(([dict(m) for m in messages], tools))
+        tokenizer.apply_chat_template(messages, True, tools=tools)  # the template takes them
+        answer = next(script)
+        yield from (answer[: len(answer) // 2], answer[len(answer) // 2 :])
+
+    monkeypatch.setattr(inference, "chat_reply", scripted)
+    return seen
+
+
+def test_chat_runs_the_tool_calls_and_continues_the_answer(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+    seen = _scripted(monkeypatch, [call, "It is 7."])
+    argv = ["chat", "--model", str(TOOL_CHAT), "--tool", "chat_tools:add", "3 + 4?"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [*call.splitlines(), "[tool add] 7", "It is 7."]
+    (first, schemas), (second, again) = seen
+    assert [s["function"]["name"] for s in schemas] == ["add"] and again == schemas
+    assert first == [{"role": "user", "content": "3 + 4?"}]
+    assert second[1:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "add", "arguments": {"a": 3, "b": 4}}}
+            ],
+        },
+        {"role": "tool", "name": "add", "content": "7"},
+    ]
+
+
+def test_chat_with_a_failing_call_tells_the_model_and_goes_on(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    calls = '<tool_call>{"name": "nap", "arguments": {}}</tool_call>'
+    calls += '<tool_call>{"name": </tool_call>'
+    _scripted(monkeypatch, [calls, "Sorry."])
+    assert cli.main(["chat", "--model", str(TOOL_CHAT), "--tool", "chat_tools:add", "?"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("[tool nap] Error: unknown tool 'nap'")
+    assert out[2].startswith("[tool ] Error: not a JSON tool call") and out[-1] == "Sorry."
+
+
+def test_chat_with_an_environment_plays_its_episode(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    seen = _scripted(monkeypatch, ["one", "two"])
+    argv = ["chat", "--model", str(TOOL_CHAT), "--environment", "chat_tools:Countdown", "go"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["one", "[user] 1 left", "two"]
+    assert "the environment ended the episode" in captured.err
+    assert seen[0][0] == [{"role": "user", "content": "count: go"}] and seen[0][1] is None
+
+
+def test_chat_with_tools_on_the_real_model_streams_and_keeps_turns(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nagain\n"))
+    argv = ["chat", "--model", str(TOOL_CHAT), "--tool", "chat_tools:add", "--max-new-tokens", "4"]
+    assert cli.main(argv) == 0
+    assert len(capsys.readouterr().out.splitlines()) >= 2
+
+
+def test_chat_tool_and_environment_mistakes_are_one_line(capsys, tmp_path, monkeypatch):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    cases = [
+        (["--tool", "chat_tools:nothing"], "--tool 'chat_tools:nothing': 'chat_tools' has no"),
+        (["--environment", "chat_tools:add"], "--environment 'chat_tools:add': chat_tools has no"),
+        (["--max-turns", "0"], "--max-turns must be at least 1, got 0"),
+    ]
+    for flags, message in cases:
+        assert cli.main(["chat", "--model", str(TOOL_CHAT), *flags, "hi"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"dew: error: {message}"), err
+
+
+def test_chat_runs_the_builtin_calculator(monkeypatch, capsys):
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
+    _scripted(monkeypatch, [call, "42"])
+    assert cli.main(["chat", "--model", str(TOOL_CHAT), "--tool", "calculator", "6 * 7?"]) == 0
+    assert capsys.readouterr().out.splitlines() == [call, "[tool calculator] 42", "42"]
+
+
+def test_chat_with_environment_tools_calls_the_instances_methods(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    call = '<tool_call>{"name": "turns_left", "arguments": {}}</tool_call>'
+    seen = _scripted(monkeypatch, [call, "one", "two"])
+    argv = ["chat", "--model", str(TOOL_CHAT), "--environment", "chat_tools:Countdown"]
+    assert cli.main([*argv, "--environment-tools", "go"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [call, "[tool turns_left] 2", "one", "[user] 1 left", "two"]
+    assert [s["function"]["name"] for s in seen[0][1]] == ["turns_left"]
+    assert cli.main(["chat", "--model", str(TOOL_CHAT), "--environment-tools", "go"]) == 2
+    assert "--environment-tools needs --environment" in capsys.readouterr().err

@@ -304,3 +304,71 @@ def test_the_tool_and_environment_flags_are_read_and_checked():
     assert config.tools == ("a:b", "c:d") and config.episodes.max_calls_per_turn == 2
     with pytest.raises(ConfigError, match=r"--environment 'dew\.tasks\.guess:Nope'"):
         _make_rollouts(config.replace(tools=(), environment="dew.tasks.guess:Nope"))
+
+
+class _Vault:
+    """A secret per episode, read only through its `peek` method, exposed as a tool."""
+
+    def reset(self, prompt, secret, **columns):
+        self.secret, self.peeks = secret, 0
+        return prompt
+
+    def step(self, message):
+        return None
+
+    def peek(self, slot: int) -> str:
+        """Read one slot of the vault.
+
+        Args:
+            slot: Which slot.
+        """
+        self.peeks += 1
+        return f"{self.secret}@{slot}"
+
+    def reward(self, messages, **kwargs):
+        return float(self.peeks)
+
+
+def test_an_environments_methods_are_tools_run_by_its_own_instance(policy, tokenizer, monkeypatch):
+    task = _Task(["a", "b"])
+    prompter = Prompter(task, tokenizer, max_new_tokens=160)
+    script = [[call("peek", slot=1), call("peek", slot=2), "done"], ["done at once"]]
+    scripted(monkeypatch, prompter, script)
+    episodes = Episodes(
+        tools=(add,), environment=_Vault, environment_tools=True, limits=EpisodeLimits()
+    )
+    assert [s["function"]["name"] for s in episodes.schemas] == ["add", "peek"]
+    assert "self" not in episodes.schemas[1]["function"]["parameters"]["properties"]
+    examples = [{"prompt": "a", "secret": "s0"}, {"prompt": "b", "secret": "s1"}]
+    rolled = episodes.draw(*policy, prompter, prompter.encode_all(examples), 1, jax.random.key(0))
+    first, second = rolled.scored().episodes
+    results = [m["content"] for m in first.messages if m["role"] == "tool"]
+    assert results == ["s0@1", "s0@2"] and first.turns == 3 and first.tool_errors == {}
+    assert second.tool_calls == 0
+    assert rolled.scored().reward_parts["environment"].tolist() == [2.0, 0.0]
+    with pytest.raises(ValueError, match="environment_tools needs an environment"):
+        Episodes(environment_tools=True)
+
+    class Untyped(_Vault):
+        def open(self, door):
+            """Open a door."""
+
+    from dew.rollout.episode import environment_methods
+
+    assert environment_methods(Untyped) == ["peek", "open"]
+    with pytest.raises(ValueError, match="tool 'open': argument 'door' has no type hint"):
+        Episodes(environment=Untyped, environment_tools=True)
+
+
+def test_the_environment_tools_flag_reaches_the_episodes():
+    from dew.cli import _parse_train
+    from dew.options import ConfigError
+    from dew.train.config import _make_rollouts
+
+    game = ["--environment", "dew.tasks.guess:NumberGuess"]
+    config, _ = _parse_train(game)
+    assert not _make_rollouts(config).environment_tools
+    config, _ = _parse_train([*game, "--environment-tools"])
+    assert config.episodes.environment_tools and _make_rollouts(config).environment_tools
+    with pytest.raises(ConfigError, match="--environment-tools needs --environment"):
+        _make_rollouts(config.replace(environment=None))

@@ -606,3 +606,67 @@ def test_named_templates_files_first_and_tool_use_with_tools(tmp_path):
     (folder / "additional_chat_templates" / "tool_use.jinja").write_text("extra")
     assert load_tokenizer(folder).apply_chat_template(messages, tools=[]) == "extra"
     assert load_tokenizer(folder).apply_chat_template(messages) == "file 0"
+
+
+def test_the_builtin_calculator_is_an_entry_point_with_its_schema():
+    from dew.tools.builtin import calculator
+
+    assert load_tool("calculator") is calculator
+    # what transformers' get_json_schema makes of it, by the rules the fixtures pin above
+    assert json_schema(calculator) == {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression and return its value.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "expression": {
+                        "type": "string",
+                        "description": "Numbers with + - * / // % ** and parentheses, such as "
+                        '"(3 + 4) * 2".',
+                    }
+                },
+                "required": ["expression"],
+            },
+            "return": {
+                "type": "string",
+                "description": 'The value, or an error message beginning "Error:".',
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("(3 + 4) * 2", "14"),
+        (" -3 // 2 ", "-2"),
+        ("7 % 3 + 2 ** 10", "1025"),
+        ("6 / 4", "1.5"),
+        ("6 / 3", "2"),
+        ("2 ** 0.5", str(2**0.5)),
+        ("1 / 0", "Error: division by zero"),
+        ("3 +", "Error: invalid syntax"),
+        ("x + 1", "Error: not arithmetic: 'x'"),
+        ("__import__('os').getcwd()", "Error: not arithmetic"),
+        ("(1).real", "Error: not arithmetic"),
+        ("True + 1", "Error: not arithmetic: 'True'"),
+        ("9 ** 9 ** 9", "Error: an exponent above 100 is refused"),
+        ("(10 ** 100) ** 100", "Error: a result of more than 1000 digits is refused"),
+        ("1e308 * 10", "Error: the value is not finite"),
+    ],
+)
+def test_the_calculator_evaluates_arithmetic_and_refuses_the_rest(expression, value):
+    from dew.tools.builtin import calculator
+
+    assert calculator(expression).startswith(value)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(-(10**12), 10**12), st.integers(-(10**12), 10**12))
+def test_the_calculator_agrees_with_python_on_integers(a, b):
+    from dew.tools.builtin import calculator
+
+    assert calculator(f"{a} + {b}") == str(a + b)
+    assert calculator(f"({a}) * ({b}) - {a}") == str(a * b - a)

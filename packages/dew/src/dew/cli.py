@@ -791,7 +791,12 @@ def _command_chat(argv: list[str]) -> int:
     With a message as argument, its answer alone; otherwise the user's turns are read from
     stdin, one a line, until end of input or `exit`, each answered with the conversation so far.
     Messages are rendered with the model's chat template (its default system prompt included)
-    and each answer is printed as it is decoded, until the template's end-of-turn token.
+    and each answer is printed as it is decoded, until the template's end-of-turn token. With
+    `--tool`s the model's tool calls are run and the answer continues after their results
+    (`dew.inference.agent_reply`); with `--environment` the class is made once, its `reset`
+    takes the first message as `prompt`, and its observations answer the turns without calls
+    until its `step` returns None (with `--environment-tools` its public methods are tools as
+    well). Each tool result and observation is printed on its own line.
     """
     parser = _Parser(
         prog="dew chat",
@@ -810,12 +815,41 @@ def _command_chat(argv: list[str]) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="(default: 256)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    parser.add_argument(
+        "--tool",
+        dest="tools",
+        action="append",
+        default=[],
+        metavar="MODULE:FUNCTION",
+        help="a tool the model may call, repeatable: module:function or an installed dew.tools "
+        "entry point",
+    )
+    parser.add_argument(
+        "--environment", help="an environment class (module:Class) that answers the model's turns"
+    )
+    parser.add_argument(
+        "--max-turns",
+        type=int,
+        default=4,
+        help="assistant turns per answer with --tool or --environment (default: 4)",
+    )
+    parser.add_argument(
+        "--environment-tools",
+        action="store_true",
+        help="the --environment's public methods are tools too, run by its instance",
+    )
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as error:
         raise _CommandError(str(error)) from error
     if args.max_new_tokens <= 0 or args.temperature < 0:
         raise _CommandError("--max-new-tokens must be > 0 and --temperature >= 0")
+    if args.max_turns < 1:
+        raise _CommandError(f"--max-turns must be at least 1, got {args.max_turns}")
+    if args.environment_tools and args.environment is None:
+        raise _CommandError("--environment-tools needs --environment")
+    if args.tools or args.environment is not None:
+        return _agent_chat(args)
     import jax
 
     from dew.inference import chat_reply
@@ -853,6 +887,103 @@ def _command_chat(argv: list[str]) -> int:
         print(flush=True)
         messages.append({"role": "assistant", "content": "".join(answer)})
     return 0
+
+
+def _agent_chat(args: argparse.Namespace) -> int:
+    """Run `dew chat` with `--tool`s or an `--environment`; the exit status."""
+    import jax
+
+    from dew import inference
+    from dew.models.registry import resolve_model
+    from dew.rollout.episode import environment_methods
+    from dew.tools import ToolError, json_schema, load_tool
+    from dew.train.config import _load_environment
+
+    try:
+        tools = [load_tool(spec) for spec in args.tools]
+        environment = None if args.environment is None else _load_environment(args.environment)
+    except ValueError as error:
+        raise _CommandError(str(error)) from error
+    methods = environment_methods(environment) if args.environment_tools else []
+    try:
+        for name in methods:
+            json_schema(getattr(environment, name))
+    except ToolError as error:
+        raise _CommandError(f"--environment {args.environment!r}: {error}") from error
+    _tell(f"loading {args.model}")
+    try:
+        source = resolve_model(args.model)
+        policy, tokenizer = source.policy(args.seed), source.tokenizer()
+        tokenizer.apply_chat_template([{"role": "user", "content": "?"}], True)
+    except (FileNotFoundError, ValueError) as error:
+        raise _CommandError(str(error)) from error
+    interactive = args.message is None and sys.stdin.isatty()
+    if args.message is None and interactive:
+        print("dew: type a message; an empty line, `exit` or Ctrl-D ends", file=sys.stderr)
+    turns = iter([args.message]) if args.message is not None else _turns(interactive)
+    messages: list[dict] = []
+    game, episode_tools = None, tools
+    for number, text in enumerate(turns):
+        if environment is not None and game is None:
+            game = environment()
+            messages.extend(_environment_start(game, args.environment, text))
+            episode_tools = [*tools, *(getattr(game, name) for name in methods)]
+        else:
+            messages.append({"role": "user", "content": text})
+        events = inference.agent_reply(
+            policy,
+            tokenizer,
+            messages,
+            jax.random.fold_in(jax.random.key(args.seed), number),
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            tools=episode_tools,
+            environment=game,
+            max_turns=args.max_turns,
+        )
+        try:
+            ended = _show_events(events, messages)
+        except ValueError as error:
+            raise _CommandError(str(error)) from error
+        if game is not None and ended:
+            print("dew: the environment ended the episode", file=sys.stderr)
+            return 0
+    return 0
+
+
+def _environment_start(game: Any, spec: str, text: str) -> list[dict]:
+    """The first messages of an environment's episode: its `reset(prompt=text)`."""
+    try:
+        first = game.reset(prompt=text)
+    except Exception as error:  # the user's class refusing the chat's one column
+        raise _CommandError(
+            f"--environment {spec!r}: reset(prompt=...) raised {type(error).__name__}: {error}"
+        ) from error
+    if isinstance(first, str):
+        return [{"role": "user", "content": first}]
+    return list(first)
+
+
+def _show_events(events, messages: list[dict]) -> bool:
+    """Print an answer's pieces, tool results and observations, keeping its messages.
+
+    Returns whether the answer ended on an assistant turn that nothing followed: with an
+    environment, its `step` returned None (at the turn cap the last message is a reply).
+    """
+    last = None
+    for event in events:
+        if isinstance(event, str):
+            print(event, end="", flush=True)
+            continue
+        messages.append(event)
+        last = event
+        if event["role"] == "assistant":
+            print(flush=True)
+        elif event["role"] == "tool":
+            print(f"[tool {event.get('name', '')}] {event['content']}", flush=True)
+        else:
+            print(f"[{event['role']}] {event['content']}", flush=True)
+    return last is not None and last["role"] == "assistant"
 
 
 def _command_plot(argv: list[str]) -> int:

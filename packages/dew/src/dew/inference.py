@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from dew.train.runlog import read_config
 
 __all__ = [
     "Run",
+    "agent_reply",
     "chat_reply",
     "export_run",
     "load_run",
@@ -375,16 +376,18 @@ def chat_reply(
     *,
     max_new_tokens: int,
     temperature: float = 0.0,
+    tools: list[dict] | None = None,
 ) -> Iterator[str]:
     """The assistant's answer to `messages`, as pieces of text in the order they are decoded.
 
-    The messages are rendered with the tokenizer's chat template (generation prompt added) and
-    the answer decoded until the template's end-of-turn token, which is not yielded. Unlike
-    `dew.sampling.sample`, whose decoding loop runs inside one compiled program, each token is
-    drawn by one compiled step called from Python, so it can be shown as soon as it is drawn; a
-    piece is yielded once its bytes decode whole (a character split over tokens waits for the
-    rest). Token `i` of the answer is drawn with `fold_in(key, P + i)`, `P` the prompt's
-    length, the key `sample` gives it.
+    The messages are rendered with the tokenizer's chat template (generation prompt added, the
+    JSON schemas of `tools` shown to the model when given) and the answer decoded until the
+    template's end-of-turn token, which is not yielded. Unlike `dew.sampling.sample`, whose
+    decoding loop runs inside one compiled program, each token is drawn by one compiled step
+    called from Python, so it can be shown as soon as it is drawn; a piece is yielded once its
+    bytes decode whole (a character split over tokens waits for the rest). Token `i` of the
+    answer is drawn with `fold_in(key, P + i)`, `P` the prompt's length, the key `sample`
+    gives it.
 
     `ValueError` when the prompt plus `max_new_tokens` exceeds the model's context.
 
@@ -400,7 +403,7 @@ def chat_reply(
     from dew.sampling import _choose
     from dew.tokenizers import _end_of_turn_id
 
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True))
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True, tools=tools))
     end, context = _end_of_turn_id(tokenizer), policy.context_length
     if len(prompt) + max_new_tokens > context:
         raise ValueError(
@@ -430,6 +433,100 @@ def chat_reply(
     text = tokenizer.decode(answer)
     if text != shown:
         yield text[len(shown) :]
+
+
+def agent_reply(
+    policy: CausalLM,
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    tools: Sequence[Callable] = (),
+    environment: Any = None,
+    max_turns: int = 4,
+    tool_timeout: float = 10.0,
+) -> Iterator[str | dict]:
+    """The assistant's turns answering `messages`, its tool calls run, as pieces and messages.
+
+    Each turn is streamed by `chat_reply` (the tools' schemas shown to the model) and yields
+    its text pieces (`str`) as they are decoded, then the turn's assistant message (`dict`, its
+    Hermes `tool_calls` parsed by `dew.tools.HermesParser`). A turn with calls is answered by
+    the `tool` messages of their results (run by a `dew.tools.ToolRunner`, `tool_timeout`
+    seconds each; a failed call is an error message, never an exception); a turn without calls
+    is handed to `environment.step` when an environment plays, and its observation (a text is
+    a `user` message) follows. Each message that follows is yielded too, then the next turn is
+    sampled, until a turn neither calls a tool nor gets an observation, or `max_turns` turns.
+    The yielded messages, appended to `messages`, are the conversation. Turn `t` draws with
+    `fold_in(key, t)`. As `dew.rollout.episode.Episodes` plays an episode, but the
+    conversation is rendered again for each turn (a chat's turns are few, its answers streamed).
+
+    Reference: TRL's `GRPOTrainer` tool loop; transformers' chat templates' `tools`.
+
+    Examples:
+      >>> from dew.hf import load_policy, load_tokenizer
+      >>> def add(a: int, b: int) -> int:
+      ...     '''Add two integers.
+      ...
+      ...     Args:
+      ...         a: The first number.
+      ...         b: The second number.
+      ...     '''
+      ...     return a + b
+      >>> folder = "tests/core/hf/tool-chat"
+      >>> events = list(agent_reply(load_policy(folder), load_tokenizer(folder),
+      ...     [{"role": "user", "content": "3 + 4?"}], jax.random.key(0), max_new_tokens=3,
+      ...     tools=[add]))
+      >>> [event["role"] for event in events if isinstance(event, dict)][:1]
+      ['assistant']
+    """
+    from dew.tools import HermesParser, ToolRunner, tool_messages
+
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise ValueError(f"max_turns must be at least 1, got {max_turns!r}")
+    parser, conversation = HermesParser(), list(messages)
+    with ToolRunner(tools, timeout=tool_timeout) as runner:
+        schemas = runner.schemas or None
+        for turn in range(max_turns):
+            text = ""
+            for piece in chat_reply(
+                policy,
+                tokenizer,
+                conversation,
+                jax.random.fold_in(key, turn),
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                tools=schemas,
+            ):
+                text += piece
+                yield piece
+            parsed = parser.parse(text) if tools else None
+            message = parsed.message() if parsed else {"role": "assistant", "content": text}
+            if parsed is not None and (parsed.calls or parsed.malformed):
+                follow = tool_messages(parsed, runner.run(parsed.calls))
+            elif environment is not None:
+                observation = environment.step(message)
+                follow = [] if observation is None else _observation_messages(observation)
+            else:
+                follow = []
+            for added in (message, *follow):
+                conversation.append(added)
+                yield added
+            if not follow:
+                return
+
+
+def _observation_messages(observation: str | list[dict]) -> list[dict]:
+    """An environment's observation as messages: a text is one `user` message.
+
+    Examples:
+      >>> _observation_messages("higher")
+      [{'role': 'user', 'content': 'higher'}]
+    """
+    if isinstance(observation, str):
+        return [{"role": "user", "content": observation}]
+    return list(observation)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

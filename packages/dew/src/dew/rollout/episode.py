@@ -38,6 +38,7 @@ __all__ = [
     "Episode",
     "EpisodeLimits",
     "Episodes",
+    "environment_methods",
     "episode_metrics",
 ]
 
@@ -50,7 +51,9 @@ class Environment(Protocol):
     model's turn (a text, or a list of messages), or None to end the episode. An environment
     may also define `reward(**kwargs) -> float`: called once at the end with the episode's
     `messages`, `completion` and the row's columns, its value is one more reward component,
-    named `environment`.
+    named `environment`. With `Episodes(environment_tools=True)` its other public methods
+    (typed, with Google-style docstrings) are tools too, each call run on the episode's own
+    instance: a game's `look()` or a sandbox's `run(code)` that reads or changes its state.
     """
 
     def reset(self, **columns: Any) -> str | list[dict]: ...
@@ -179,10 +182,39 @@ def episode_metrics(episodes: Sequence[Episode], rollout_mask: np.ndarray, prese
 class _Row:
     """The host's view of one row while its episode runs."""
 
-    def __init__(self, example: dict, messages: list[dict], environment):
-        self.example, self.environment = example, environment
+    def __init__(self, example: dict, messages: list[dict], environment, runner=None):
+        self.example, self.environment, self.runner = example, environment, runner
         self.episode = Episode(messages=list(messages))
         self.done = False
+
+
+_ENVIRONMENT_PROTOCOL = ("reset", "step", "reward")
+"""An environment's methods that the episode calls itself, never exposed as tools."""
+
+
+def environment_methods(environment: type) -> list[str]:
+    """The names of an environment class's public methods other than `reset`, `step`, `reward`.
+
+    The methods `Episodes(environment_tools=True)` offers the model as tools, in the order the
+    class and its bases define them (a base's first).
+
+    Examples:
+      >>> class Vault:
+      ...     def reset(self, **columns): return "open it"
+      ...     def step(self, message): return None
+      ...     def peek(self, slot: int) -> str: ...
+      ...     def _secret(self): ...
+      >>> environment_methods(Vault)
+      ['peek']
+    """
+    defined: dict[str, Any] = {}
+    for klass in reversed(environment.__mro__[:-1]):  # a base's methods first, `object` left out
+        defined.update(vars(klass))
+    return [
+        name
+        for name, value in defined.items()
+        if not name.startswith("_") and name not in _ENVIRONMENT_PROTOCOL and callable(value)
+    ]
 
 
 def _as_messages(turn: str | list[dict], role: str = "user") -> list[dict]:
@@ -215,6 +247,9 @@ class Episodes:
       environment: a class (`Environment`) instantiated once per episode, or None.
       limits: the caps (`EpisodeLimits`).
       parser: the tool-call format (`dew.tools.ToolCallParser`; default Hermes).
+      environment_tools: whether the environment's public methods (`environment_methods`)
+        are tools as well, each episode's calls run by that episode's own instance. A method
+        needs a schema as a tool function does: `ValueError` naming it when it has none.
 
     Examples:
       >>> Episodes(limits=EpisodeLimits(max_turns=2)).limits.max_turns
@@ -225,19 +260,33 @@ class Episodes:
     environment: type | None = None
     limits: EpisodeLimits = dataclasses.field(default_factory=EpisodeLimits)
     parser: Any = None
+    environment_tools: bool = False
 
     def __post_init__(self):
         self._runner = None
         self.schemas = []
-        if self.tools:
+        methods = []
+        if self.environment_tools:
+            if self.environment is None:
+                raise ValueError("environment_tools needs an environment")
+            methods = [getattr(self.environment, n) for n in environment_methods(self.environment)]
+        if self.tools or methods:
             toolkit = _toolkit()
             self.parser = self.parser or toolkit.HermesParser()
-            self.schemas = [toolkit.json_schema(fn) for fn in self.tools]
+            self.schemas = [toolkit.json_schema(fn) for fn in [*self.tools, *methods]]
 
     def _tool_runner(self):
         if self._runner is None and self.tools:
             self._runner = _toolkit().ToolRunner(self.tools, timeout=self.limits.tool_timeout)
         return self._runner
+
+    def _episode_runner(self, environment):
+        """A runner of the tools and of `environment`'s own methods, for one episode's calls."""
+        bound = [getattr(environment, name) for name in environment_methods(type(environment))]
+        limits = self.limits
+        return _toolkit().ToolRunner(
+            [*self.tools, *bound], timeout=limits.tool_timeout, max_workers=limits.max_calls
+        )
 
     def close(self) -> None:
         """Stop the tool runner's threads."""
@@ -298,6 +347,8 @@ class Episodes:
         for row in rows:
             if not row.done:
                 row.done, row.episode.ended = True, "turns"
+            if row.runner is not None:
+                row.runner.close()
         scored = self._scored(prompter, rows, state, group, sharding, same, began)
         return _Played(_samples(scored), scored.batch.shared_prefix, scored)
 
@@ -308,7 +359,8 @@ class Episodes:
             return _Row(example, _as_messages(prompt), None)
         environment = self.environment()
         columns = {name: value for name, value in example.items()}
-        return _Row(example, _as_messages(environment.reset(**columns)), environment)
+        runner = self._episode_runner(environment) if self.environment_tools else None
+        return _Row(example, _as_messages(environment.reset(**columns)), environment, runner)
 
     def _render_prompt(self, prompter: Prompter, row: _Row) -> list[int]:
         """The prompt's ids: the chat template's render (with the tools' schemas), or the text."""
@@ -362,7 +414,7 @@ class Episodes:
         runner = self._tool_runner()
         submitted = []
         for _, row, text in pending:
-            turn = self.parser.parse(text) if self.tools else None
+            turn = self.parser.parse(text) if self.schemas else None
             message = {"role": "assistant", "content": turn.content if turn else text}
             calls = list(turn.calls) if turn else []
             if calls:
@@ -373,7 +425,8 @@ class Episodes:
             row.episode.messages.append(message)
             if turn is not None and (calls or turn.malformed):
                 ran = calls[: self.limits.max_calls]
-                submitted.append((turn, calls, runner.submit(ran) if ran else None))
+                run_by = row.runner if row.runner is not None else runner
+                submitted.append((turn, calls, run_by.submit(ran) if ran else None))
             else:
                 submitted.append(None)
         follows = []

@@ -190,10 +190,12 @@ def load_tool(spec: str) -> Callable:
       Traceback (most recent call last):
       ...
       dew.tools.schema.ToolError: --tool 'json:dumps': tool 'dumps': argument 'obj' has no type hint
-      >>> load_tool("calculator")
+      >>> load_tool("calculator").__module__
+      'dew.tools.builtin'
+      >>> load_tool("abacus")
       Traceback (most recent call last):
       ...
-      dew.tools.schema.ToolError: --tool 'calculator': no dew.tools entry point or module:function
+      dew.tools.schema.ToolError: --tool 'abacus': no dew.tools entry point or module:function
     """
     point = next((p for p in entry_points(group=ENTRY_POINT_GROUP) if p.name == spec), None)
     fn = None

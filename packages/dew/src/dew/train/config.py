@@ -244,6 +244,8 @@ class EpisodeOptions:
       max_result_tokens: tokens per tool result; a longer one is cut there.
       max_calls_per_turn: tool calls run per turn; the rest are answered with an error.
       tool_timeout: seconds a tool call may take before it is answered with a timeout error.
+      environment_tools: the `--environment`'s public methods are tools too, each episode's
+        calls run by its own instance (`dew.rollout.episode.environment_methods`).
     """
 
     max_turns: int = option(4, AT_LEAST_ONE)
@@ -251,6 +253,7 @@ class EpisodeOptions:
     max_result_tokens: int = option(256, AT_LEAST_ONE)
     max_calls_per_turn: int = option(4, AT_LEAST_ONE)
     tool_timeout: float = option(10.0, POSITIVE)
+    environment_tools: bool = option(False)
 
 
 _SECTIONS = {
@@ -551,6 +554,8 @@ def _make_rollouts(config: TrainConfig):
     """
     from dew.rollout.generate import SingleTurn
 
+    if config.episodes.environment_tools and config.environment is None:
+        raise ConfigError("--environment-tools needs --environment")
     if not config.tools and config.environment is None:
         return SingleTurn()
     from dew.rollout.episode import EpisodeLimits, Episodes
@@ -573,7 +578,15 @@ def _make_rollouts(config: TrainConfig):
         max_calls=caps.max_calls_per_turn,
         tool_timeout=caps.tool_timeout,
     )
-    return Episodes(tools=tools, environment=environment, limits=limits)
+    try:
+        return Episodes(
+            tools=tools,
+            environment=environment,
+            limits=limits,
+            environment_tools=caps.environment_tools,
+        )
+    except ValueError as error:  # a method without a schema
+        raise ConfigError(f"--environment {config.environment!r}: {error}") from error
 
 
 def _load_environment(spec: str) -> type:

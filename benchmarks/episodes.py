@@ -1,0 +1,174 @@
+"""A multi-turn batch's sampling against a single-turn batch's, the same tokens sampled in each.
+
+Run by hand from the repository root:
+
+    uv run python benchmarks/episodes.py [--model NAME] [--rows B] [--turns T] [--repeats N]
+
+Both batches are `B` rows of one prompt, prefilled once (`dew.sampling.prefill_state`), and
+sample `T * K` tokens a row (no stop id, so every row draws them all):
+
+- `single turn`: one `continue_state` of `T * K` tokens;
+- `single turn, episode's width`: the same in a state as wide as the episode's (its cache has
+  room for the context tokens too, which each decode pass attends over), to tell the cost of
+  the wider cache from the cost of the turns;
+- `multi-turn, extended`: `T` turns of `K` tokens each (`continue_state`), with `M` context
+  tokens appended between turns by `extend_state`, the KV cache extended at their positions
+  and never prefilled again, as `dew.rollout.episode.Episodes` runs an episode's turns;
+- `multi-turn, re-prefilled`: the same turns, but each turn's state prefilled again from the
+  whole row so far (the cache rebuilt), what a loop that renders the conversation anew pays.
+
+Each is jitted and warm, the runs take turns, and the median of `--repeats` runs is kept.
+Prints sampled tokens per second and the ratio of each to the single turn, and writes
+`benchmarks/results/episodes.json` with the machine's load average (the machine may be shared).
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dew.models.registry import resolve_model
+from dew.sampling import continue_state, extend_state, prefill_state
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "episodes.json"
+
+
+def single_turn(graphdef, params, prompts, lengths, key, *, new: int, group: int, room: int):
+    """One turn of `new` tokens a row, in a state (and cache) `room` positions past the prompt."""
+    state = prefill_state(graphdef, params, prompts, lengths, room=room, group=group)
+    return continue_state(graphdef, params, state, key, max_new_tokens=new, stop_ids=())
+
+
+def extended_turns(graphdef, params, prompts, lengths, key, *, turns, per_turn, context, group):
+    """`turns` turns of `per_turn` tokens, `context` tokens appended between (cache extended)."""
+    room = turns * per_turn + (turns - 1) * context
+    state = prefill_state(graphdef, params, prompts, lengths, room=room, group=group)
+    observation = jnp.full((len(lengths), context), 5, jnp.int32)
+    counts = jnp.full((len(lengths),), context, jnp.int32)
+    for turn in range(turns):
+        if turn:
+            state = extend_state(graphdef, params, state, observation, counts)
+        state = continue_state(
+            graphdef, params, state, jax.random.fold_in(key, turn), max_new_tokens=per_turn,
+            stop_ids=(),
+        )  # fmt: skip
+    return state
+
+
+def reprefilled_turns(graphdef, params, prompts, lengths, key, *, turns, per_turn, context):
+    """The same turns, each prefilled again from the row so far (the cache rebuilt each turn)."""
+    rows = np.asarray(prompts)
+    row_lengths = np.asarray(lengths)
+    state = None
+    for turn in range(turns):
+        if turn:
+            done = np.asarray(state.lengths)  # every row drew all its tokens: all equal
+            tokens = np.asarray(state.tokens)[:, : done.max()]
+            rows = np.concatenate([tokens, np.full((len(done), context), 5, np.int32)], axis=1)
+            row_lengths = done + context
+        state = prefill_state(
+            graphdef, params, jnp.asarray(rows), jnp.asarray(row_lengths), room=per_turn
+        )
+        state = continue_state(
+            graphdef, params, state, jax.random.fold_in(key, turn), max_new_tokens=per_turn,
+            stop_ids=(),
+        )  # fmt: skip
+    return state
+
+
+def timed(runs: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each of `repeats` calls of each run, after one untimed call (its compilation).
+
+    The runs take turns, one call each per round, so that a shared machine's load, which
+    drifts over seconds, weighs on each alike.
+    """
+    for call in runs.values():
+        jax.block_until_ready(call().tokens)
+    seconds = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, call in runs.items():
+            began = time.perf_counter()
+            jax.block_until_ready(call().tokens)
+            seconds[name].append(time.perf_counter() - began)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--per-turn", type=int, default=8, help="tokens sampled per turn")
+    parser.add_argument("--context", type=int, default=8, help="tokens appended between turns")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    graphdef, params = nnx.split(resolve_model(args.model).policy(0))
+    prompt = [1, 6, 7, 8, 9, 3]  # `^1234>` on the digit vocabulary
+    prompts = jnp.asarray([prompt] * args.rows, jnp.int32)
+    lengths = jnp.full((args.rows,), len(prompt), jnp.int32)
+    key = jax.random.key(0)
+    turns, per_turn, context = args.turns, args.per_turn, args.context
+    sampled = args.rows * turns * per_turn
+    new, wide = turns * per_turn, turns * per_turn + (turns - 1) * context
+    single = {"new": new, "group": args.rows}
+    episode = {"turns": turns, "per_turn": per_turn, "context": context}
+    runs = {
+        "single turn": lambda: single_turn(
+            graphdef, params, prompts, lengths, key, **single, room=new
+        ),
+        "single turn, episode's width": lambda: single_turn(
+            graphdef, params, prompts, lengths, key, **single, room=wide
+        ),
+        "multi-turn, extended": lambda: extended_turns(
+            graphdef, params, prompts, lengths, key, **episode, group=args.rows
+        ),
+        "multi-turn, re-prefilled": lambda: reprefilled_turns(
+            graphdef, params, prompts, lengths, key, **episode
+        ),
+    }
+    seconds = timed(runs, args.repeats)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    fastest = medians["single turn"]
+    print(f"{args.rows} rows x {turns} turns x {per_turn} tokens, {context} context tokens between")
+    print(f"{'':30s} {'median ms':>10s} {'tokens/s':>10s} {'vs single':>10s}")
+    for name, median in medians.items():
+        print(f"{name:30s} {1e3 * median:10.1f} {sampled / median:10,.0f} {fastest / median:10.2f}")
+    machine = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "jax": importlib.metadata.version("jax"),
+        "backend": jax.default_backend(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    results = {
+        "machine": machine,
+        "model": args.model,
+        "rows": args.rows,
+        "turns": turns,
+        "per_turn": per_turn,
+        "context": context,
+        "sampled_tokens": sampled,
+        "median_s": medians,
+        "tokens_per_s": {name: sampled / median for name, median in medians.items()},
+        "ratio_to_single_turn": {name: fastest / median for name, median in medians.items()},
+        "seconds": seconds,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
