@@ -78,7 +78,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.models.mistral": {"mistral_config", "mistral_to_hf"},
     "dew.models.phi3": {"FUSED", "phi3_config", "phi3_to_hf"},
     "dew.models.registry": {"SIZES", "ModelSource"},
-    "dew.models.reward": {"RewardModel"},
+    "dew.models.reward": {"RewardModel", "TextScorer"},
     "dew.objective": {"ENTRY_POINT_GROUP"},
     "dew.objectives.sft": {"SFT"},
     "dew.options": {
