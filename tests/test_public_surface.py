@@ -95,7 +95,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "Environment", "Episode", "EpisodeLimits", "Episodes", "episode_metrics",
     },
     "dew.rollout.prompter": {"Prompts"},
-    "dew.rollout.sources": {"StepRollout"},
+    "dew.rollout.sources": {"ScoredPairs", "StepRollout"},
     "dew.sampling": {
         "SamplerState", "Samples", "continue_state", "extend_state", "prefill_state",
         "sample_state",
