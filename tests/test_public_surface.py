@@ -49,7 +49,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.evaluation": set(),
     "dew.hf": {
         "SHARD_BYTES", "CheckpointError", "load_policy", "load_reward_model", "load_tokenizer",
-        "save_adapters", "save_policy", "with_value_head",
+        "save_adapters", "save_policy", "save_reward_model", "with_value_head",
     },
     "dew.inference": {"Run", "chat_reply"},
     "dew.mesh": {

@@ -99,3 +99,31 @@ def test_a_run_scores_its_policys_decoded_text_with_the_reward_models_tokenizer(
     np.testing.assert_allclose(rollout.reward_parts["qwen2-reward"], want, rtol=1e-5, atol=1e-6)
     assert rollout.reward_weights[-1] == 0.5
     trainer.lock.release()
+
+
+def test_a_saved_reward_model_has_the_fixtures_layout_and_reads_back_to_its_scores(tmp_path):
+    from safetensors import safe_open
+
+    from dew.hf import save_reward_model
+
+    want = np.load(REWARD / "expected.npz")
+    tokens, lengths = jnp.asarray(want["tokens"]), jnp.asarray(want["lengths"])
+    save_reward_model(load_reward_model(REWARD), tmp_path)
+    again = nnx.jit(lambda model, *rows: model.score(*rows))(
+        load_reward_model(tmp_path), tokens, lengths
+    )
+    np.testing.assert_allclose(again, want["scores"][:, 0], rtol=1e-5, atol=1e-5)
+    config = json.loads((tmp_path / "config.json").read_text())
+    fixture = json.loads((REWARD / "config.json").read_text())
+    for key in ("architectures", "id2label", "label2id", "model_type", "pad_token_id"):
+        assert config[key] == fixture[key], key
+    with (
+        safe_open(tmp_path / "model.safetensors", "numpy") as saved,
+        safe_open(REWARD / "model.safetensors", "numpy") as original,
+    ):
+        assert sorted(saved.keys()) == sorted(original.keys())
+        for key in original.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+            assert saved.get_slice(key).get_shape() == original.get_slice(key).get_shape(), key
+        np.testing.assert_array_equal(
+            saved.get_tensor("score.weight"), original.get_tensor("score.weight")
+        )

@@ -11,6 +11,8 @@ from flax import nnx
 
 from dew import cli
 from dew.batch import Batch
+from dew.hf import load_reward_model
+from dew.inference import load_run
 from dew.models.llama import build
 from dew.models.outputs import PolicyOutputs, log_probs_and_values
 from dew.models.registry import SIZES
@@ -18,6 +20,7 @@ from dew.models.reward import RewardModel
 from dew.objectives.rl.reward_model import RewardModeling, pair_scores
 from dew.rl import bradley_terry_loss
 from dew.rollout.sources import _scored_rows
+from dew.tokenizers import DIGITS
 
 
 def _pairs() -> Batch:
@@ -84,7 +87,7 @@ def test_dew_train_reward_model_learns_pairs_and_reports_heldout_pairwise_accura
     out = tmp_path / "run"
     argv = ["train", "--objective", "reward_model", "--data", str(data), "--model", "tiny",
             "--steps", "8", "--prompts", "8", "--lr", "1e-2", "--eval-every", "8",
-            "--eval-prompts", "12", "--max-new-tokens", "4", "--out", str(out),
+            "--eval-prompts", "12", "--eval-k", "1", "--max-new-tokens", "4", "--out", str(out),
             "--quiet"]  # fmt: skip
     assert cli.main(argv) == 0
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -92,3 +95,19 @@ def test_dew_train_reward_model_learns_pairs_and_reports_heldout_pairwise_accura
     assert {"loss", "accuracy", "margin"} <= set(first)
     assert np.mean([r["loss"] for r in history[-3:]]) < np.mean([r["loss"] for r in history[:3]])
     assert last["eval/pairs"] == 12 and last["eval/pairwise_accuracy"] >= 0.75
+
+    folder = tmp_path / "exported"
+    assert cli.main(["export", "--run", str(out), "--out", str(folder)]) == 0
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForSequenceClassification"]
+    assert config["id2label"] == {"0": "LABEL_0"} and config["pad_token_id"] == 0
+    run = load_run(out)
+    batch = _pairs()
+    lengths = jnp.sum(batch.prompt_mask | batch.completion_mask, axis=1)
+    trained = nnx.merge(run.graphdef, run.params)
+    want = trained.values(trained.hidden(batch.tokens))[jnp.arange(4), lengths - 1]
+    scores = load_reward_model(folder).score(batch.tokens, lengths)
+    np.testing.assert_allclose(scores, want, rtol=1e-5, atol=1e-5)
+    pair = jnp.array([DIGITS.encode("^123>923$"), DIGITS.encode("^123>023$")])
+    chosen, rejected = load_reward_model(folder).score(pair, jnp.array([9, 9]))
+    assert float(chosen) > float(rejected)  # a nine first beats a zero first

@@ -53,6 +53,8 @@ class RewardModeling:
     head's bias cancels in every pair's difference, so it gets no gradient and stays at its
     initial zero.
 
+    `dew export` writes the run as a `*ForSequenceClassification` folder (`export_format`).
+
     Metrics: `accuracy` (the fraction of pairs scored chosen above rejected), the mean `margin`
     of the scores, and `pairs`; at each evaluation, `eval/pairwise_accuracy` of the task's
     held-out pairs (`evaluate`).
@@ -75,6 +77,7 @@ class RewardModeling:
     source: ClassVar[BatchSource] = ScoredPairs()
     needs_values: ClassVar[bool] = True
     needs_reference: ClassVar[bool] = False
+    export_format: ClassVar[str] = "sequence_classification"
 
     def prepare(self, batch: Batch) -> Batch:
         """The batch unchanged, once it is checked to hold whole pairs."""
