@@ -76,14 +76,14 @@ def _padded_width(longest: int) -> int:
 
 
 class TextScorer:
-    """A reward function of text: `model`'s score of each prompt and completion, rendered by
-    `tokenizer`'s chat template.
+    """A reward function of text: `model`'s score of each prompt and completion.
 
-    A prompt that is text becomes the user's message (a list of messages is taken as it is), the
-    completion the assistant's reply. The rows are tokenized without the tokens `encode` adds in
-    front (the template writes its own), right-padded to a power-of-two width and scored in one
-    jitted pass, split over the first `devices` devices (all when None) with the model replicated
-    on each, as the training run lays out its batches.
+    Each pair is rendered by `tokenizer`'s chat template: a prompt that is text becomes the
+    user's message (a list of messages is taken as it is), the completion the assistant's
+    reply. The rows are tokenized without the tokens `encode` adds in front (the template writes
+    its own), right-padded to a power-of-two width and scored in one jitted pass, split over the
+    first `devices` devices (all when None) with the model replicated on each, as the training
+    run lays out its batches.
 
     Reference: TRL `RewardTrainer` (`apply_chat_template` of the conversation, then the score at
     the last token).

@@ -434,8 +434,10 @@ def _scored_rows(batch: Batch) -> Batch:
 
 @dataclasses.dataclass(frozen=True)
 class ScoredPairs(Preferences):
-    """`Preferences`' pairs laid out for a score head: one column wider, each row's completion
-    mask reaching one position past its last token, where a value head reads that token.
+    """`Preferences`' pairs laid out for a score head (reward modeling).
+
+    One column wider, each row's completion mask reaching one position past its last token,
+    where a value head reads that token.
 
     Examples:
       >>> from dew.tasks import get_task
