@@ -49,7 +49,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.evaluation": set(),
     "dew.hf": {
         "SHARD_BYTES", "CheckpointError", "load_policy", "load_reward_model", "load_tokenizer",
-        "save_adapters", "save_policy", "with_value_head",
+        "save_adapters", "save_policy", "save_reward_model", "with_value_head",
     },
     "dew.inference": {"Run", "agent_reply", "chat_reply"},
     "dew.mesh": {
@@ -78,7 +78,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.models.mistral": {"mistral_config", "mistral_to_hf"},
     "dew.models.phi3": {"FUSED", "phi3_config", "phi3_to_hf"},
     "dew.models.registry": {"SIZES", "ModelSource"},
-    "dew.models.reward": {"RewardModel"},
+    "dew.models.reward": {"RewardModel", "TextScorer"},
     "dew.objective": {"ENTRY_POINT_GROUP"},
     "dew.objectives.sft": {"SFT"},
     "dew.options": {
@@ -96,7 +96,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
         "episode_metrics",
     },
     "dew.rollout.prompter": {"Prompts"},
-    "dew.rollout.sources": {"StepRollout"},
+    "dew.rollout.sources": {"ScoredPairs", "StepRollout"},
     "dew.sampling": {
         "SamplerState", "Samples", "continue_state", "extend_state", "prefill_state",
         "sample_state",

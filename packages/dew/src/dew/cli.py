@@ -210,6 +210,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
             or field.name
             in (
                 "rewards",
+                "reward_models",
                 "tools",
             )
         ):
@@ -360,6 +361,15 @@ def _add_task_flags(parser: argparse.ArgumentParser) -> None:
         "overlong, an installed one, or module:function; weight 1 unless given",
     )
     parser.add_argument(
+        "--reward-model",
+        dest="reward_models",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="PATH[=WEIGHT]",
+        help="a reward model (a *ForSequenceClassification folder) scoring each prompt and "
+        "completion beside the reward functions, repeatable; weight 1 unless given",
+    )
+    parser.add_argument(
         "--tool",
         dest="tools",
         action="append",
@@ -384,12 +394,15 @@ def _task_values(args: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
 
     Examples:
       >>> _task_values({"rewards": ["format"], "task_options": [("level", 2)]}, {})
-      {'task_options': {'level': 2}, 'reward_options': {}, 'rewards': ('format',), 'tools': ()}
+      ... # doctest: +NORMALIZE_WHITESPACE
+      {'task_options': {'level': 2}, 'reward_options': {}, 'rewards': ('format',),
+       'reward_models': (), 'tools': ()}
     """
     values = {}
     for name in ("task_options", "reward_options"):
         values[name] = {**saved.get(name, {}), **dict(args.pop(name, []))}
     values["rewards"] = tuple(args.pop("rewards", saved.get("rewards", ())))
+    values["reward_models"] = tuple(args.pop("reward_models", saved.get("reward_models", ())))
     values["tools"] = tuple(args.pop("tools", saved.get("tools", ())))
     return values
 

@@ -5,7 +5,8 @@
 - `save_policy(policy, path)`: the folder `transformers.AutoModelForCausalLM.from_pretrained`
   reads back to the same logits, LoRA adapters merged.
 - `save_adapters(policy, path)`: a LoRA policy's adapters alone, in the layout peft and vLLM read.
-- `load_reward_model(path)`: a `RewardModel` from a `*ForSequenceClassification` folder.
+- `load_reward_model(path)`: a `RewardModel` from a `*ForSequenceClassification` folder, and
+  `save_reward_model(model, path)` the folder back.
 - `load_tokenizer(path)`: the tokenizer beside the weights (`tokenizer.json` and
   `tokenizer_config.json`) or in the GGUF file's metadata.
 
@@ -55,6 +56,7 @@ __all__ = [
     "load_tokenizer",
     "save_adapters",
     "save_policy",
+    "save_reward_model",
     "with_value_head",
 ]
 
@@ -287,18 +289,25 @@ def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_
       >>> bool(jnp.array_equal(policy(tokens), again(tokens)))
       True
     """
-    folder = Path(path)
+    config, tensors = _checkpoint_tensors(policy)
+    _write_checkpoint(Path(path), config_to_hf(config), config, tensors, shard_bytes)
+
+
+def _checkpoint_tensors(policy: CausalLM) -> tuple[ModelConfig, dict[str, jax.Array]]:
+    """The config `policy`'s checkpoint records (its embeddings' dtype) and its tensors by
+    Hugging Face key: LoRA merged, fused projections joined, a value head left out."""
     policy = merge_lora(policy)
     params = nnx.state(policy, nnx.Param)
     stored = params["embed_tokens"]["embedding"].get_value().dtype
     config = dataclasses.replace(policy.config, dtype=jnp.dtype(stored).name)
-    raw, family = config_to_hf(config), family_of(config)
     values = {
         ".".join(map(str, names)): variable.get_value()
         for names, variable in nnx.to_flat_state(params)
         if names[0] != "value_head"
     }
-    pieces = checkpoint_pieces({name: value.shape for name, value in values.items()}, family)
+    pieces = checkpoint_pieces(
+        {name: value.shape for name, value in values.items()}, family_of(config)
+    )
     parts: dict[str, list] = {}
     for name, piece in pieces.items():
         value = values[name].T if piece.transposed else values[name]
@@ -307,6 +316,14 @@ def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_
         key: chunks[0][1] if len(chunks) == 1 else jnp.concatenate([v for _, v in sorted(chunks)])
         for key, chunks in parts.items()
     }
+    return config, tensors
+
+
+def _write_checkpoint(
+    folder: Path, raw: dict, config: ModelConfig, tensors: dict[str, jax.Array], shard_bytes: int
+) -> None:
+    """Write `raw` as `config.json`, the generation ids, and `tensors` in shards of at most
+    `shard_bytes` (with an index when there are several)."""
     shards = [{}]
     sizes = [0]
     for key in sorted(tensors):
@@ -334,6 +351,55 @@ def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_
         weight_map |= dict.fromkeys(shard, name)
     index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
     (folder / _INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def save_reward_model(
+    model: RewardModel, path: str | Path, *, pad_token_id: int | None = None
+) -> None:
+    """Write `model` as a `*ForSequenceClassification` folder with one label at `path`.
+
+    The decoder's tensors as `save_policy` writes them, without the output projection, and the
+    head as `score.weight` `[1, hidden]`; `config.json` names the family's
+    `*ForSequenceClassification` (`Qwen2ForSequenceClassification`), one label, and
+    `pad_token_id` (default: the decoder's), by which transformers finds each row's last token.
+    `load_reward_model` and `transformers.AutoModelForSequenceClassification` read it back to
+    the same scores. `ValueError` when the head has a nonzero bias, which the format has no
+    tensor for.
+
+    Reference: transformers 5.10 `modeling_layers.py` (`GenericForSequenceClassification`).
+
+    Examples:
+      >>> import tempfile
+      >>> model = load_reward_model("tests/core/hf/qwen2-reward")
+      >>> tokens, lengths = jnp.array([[5, 6, 7, 0]]), jnp.array([3])
+      >>> with tempfile.TemporaryDirectory() as folder:
+      ...     save_reward_model(model, folder)
+      ...     again = load_reward_model(folder)
+      ...     architectures = _read_json(Path(folder) / "config.json")["architectures"]
+      >>> architectures, bool(jnp.array_equal(model.score(tokens, lengths),
+      ...                                     again.score(tokens, lengths)))
+      (['Qwen2ForSequenceClassification'], True)
+    """
+    bias = getattr(model.head, "bias", None)
+    if bias is not None and bool(jnp.any(bias.get_value() != 0)):
+        raise ValueError(
+            "the score head has a nonzero bias, which *ForSequenceClassification lacks"
+        )
+    config, tensors = _checkpoint_tensors(model.backbone)
+    tensors.pop("lm_head.weight", None)
+    tensors["score.weight"] = model.head.kernel.get_value().T.astype(
+        tensors["model.norm.weight"].dtype
+    )
+    if pad_token_id is not None:
+        config = dataclasses.replace(config, pad_token_id=pad_token_id)
+    raw = config_to_hf(config)
+    causal = FAMILIES[family_of(config)].architecture
+    raw |= {
+        "architectures": [causal.removesuffix("ForCausalLM") + "ForSequenceClassification"],
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+    }
+    _write_checkpoint(Path(path), raw, config, tensors, SHARD_BYTES)
 
 
 def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None = None) -> None:

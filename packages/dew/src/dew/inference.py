@@ -22,6 +22,8 @@ from dew.models import CausalLM
 from dew.models.llama import ModelConfig, build
 from dew.models.lora import add_lora, merge_lora, trainable
 from dew.models.registry import ModelSource, resolve_model
+from dew.models.reward import RewardModel
+from dew.objective import _objective_class
 from dew.rollout import Prompter
 from dew.rollout.generate import Rollouts, SingleTurn
 from dew.tasks import Task
@@ -197,8 +199,11 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     written beside the weights: a checkpoint-folder model's files are copied, any other's
     (a GGUF file's, the digit vocabulary of a built-in size) are written as `tokenizer.json` and
     `tokenizer_config.json` (special tokens, chat template). `dew.hf.load_policy`, `--model OUT`
-    and transformers load the folder. Only the weights are read: the run's task and reward
-    functions need not be importable. The step exported is returned.
+    and transformers load the folder. A run whose objective trains a score head (reward
+    modeling) is written as a `*ForSequenceClassification` folder instead
+    (`dew.hf.save_reward_model`), which `dew.hf.load_reward_model` and transformers'
+    `AutoModelForSequenceClassification` read. Only the weights are read: the run's task and
+    reward functions need not be importable. The step exported is returned.
 
     Examples:
       >>> import shutil, tempfile
@@ -228,7 +233,12 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     record = read_config(run_dir)
     source = _trained_on(run_dir, record)
     graphdef, params, step = _restored(run_dir, record, source, step)
-    hf.save_policy(nnx.merge(graphdef, params), out)
+    policy = nnx.merge(graphdef, params)
+    if _exports_score_head(record):
+        scorer = RewardModel(policy, policy.value_head)
+        hf.save_reward_model(scorer, out, pad_token_id=source.tokenizer().pad_token_id)
+    else:
+        hf.save_policy(policy, out)
     folder = source.path
     if folder is not None and (folder / "tokenizer.json").is_file():
         for name in _TOKENIZER_FILES:
@@ -237,6 +247,16 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     else:
         _write_tokenizer(source.tokenizer(), out)
     return step
+
+
+def _exports_score_head(record: dict[str, Any]) -> bool:
+    """Whether the run's objective trains its value head as a score head (`export_format`
+    `sequence_classification`: reward modeling); False when the objective is not installed."""
+    try:
+        objective = _objective_class(record.get("objective", ""))
+    except ValueError:
+        return False
+    return getattr(objective, "export_format", None) == "sequence_classification"
 
 
 def _write_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:

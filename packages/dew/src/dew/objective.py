@@ -46,6 +46,10 @@ class Objective(Protocol):
 
     An objective may also declare `needs_entropy` (optional, false when absent): the update then
     passes each token's entropy in `outputs.entropy`, for an entropy bonus.
+    It may also define `evaluate(graphdef, params, prompter, n) -> dict` (optional): held-out
+    metrics of its own, merged into each evaluation's (reward modeling's pairwise accuracy),
+    and `export_format = "sequence_classification"` (optional): `dew export` then writes the
+    policy and its value head as a `*ForSequenceClassification` reward model.
     """
 
     source: BatchSource

@@ -172,11 +172,12 @@ def equivalent(answer: str, reference: str) -> bool:
 
 
 def math_answer(
-    prompts: list[Any], completions: list[str], answer: Sequence[Any], **columns: Any
+    prompts: list[Any], completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
 ) -> list[float | None]:
     """1.0 where the completion's `final_answer` equals `answer`, else 0.0; None without answer.
 
-    A completion that states no answer scores 0. `answer` may be text (`"0.75"`,
+    Examples without an `answer` column (preference pairs) are all None. A completion that
+    states no answer scores 0. `answer` may be text (`"0.75"`,
     `"\\frac{3}{4}"`, a GSM8K solution ending in `#### 72`) or a number.
 
     Examples:
@@ -184,6 +185,8 @@ def math_answer(
       ...             answer=["72", "0.75", "-12", "1"])
       [1.0, 1.0, 0.0, 0.0]
     """
+    if answer is None:
+        return [None] * len(completions)
     scores: list[float | None] = []
     for completion, reference in zip(completions, answer, strict=True):
         if reference is None:

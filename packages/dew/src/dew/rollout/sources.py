@@ -6,7 +6,8 @@ Every step samples a rollout of its prompts (its rewards are the run's metric); 
 - `Sampled`: the rollout itself, `group` completions per prompt (the RL objectives);
 - `DynamicSampling`: the rollout's informative groups, refilled from fresh rollouts (DAPO);
 - `Demonstrations`: each prompt with its example's completion (supervised fine-tuning);
-- `Preferences`: each prompt's chosen completion beside a rejected one (DPO).
+- `Preferences`: each prompt's chosen completion beside a rejected one (DPO);
+- `ScoredPairs`: the same pairs laid out for a score head (reward modeling).
 """
 
 import dataclasses
@@ -27,6 +28,7 @@ __all__ = [
     "DynamicSampling",
     "Preferences",
     "Sampled",
+    "ScoredPairs",
     "StepRollout",
 ]
 
@@ -402,3 +404,60 @@ class Preferences(_FromAnswers):
         """`_preferences` of the step's prompts, and no metrics."""
         rng = np.random.default_rng([step.seed, step.step, 1])
         return _preferences(step.prompter, step.prompts.examples, rng, step.sharding), {}
+
+
+def _scored_rows(batch: Batch) -> Batch:
+    """`batch` one padding column wider, each row's completion mask reaching one position past
+    its last token.
+
+    A value head's `values[:, t]` is its prediction at position `t - 1` (the state token `t` is
+    drawn from), so the position after a row's last token is where the head reads the last
+    token's hidden state: transformers' score of the row.
+
+    Examples:
+      >>> tokens = jnp.array([[1, 5, 2]])
+      >>> mask = jnp.array([[False, True, True]])
+      >>> batch = Batch(tokens, ~mask, mask, jnp.zeros((1, 3)), jnp.zeros(1), group=1)
+      >>> wider = _scored_rows(batch)
+      >>> wider.tokens.tolist(), wider.completion_mask.tolist()
+      ([[1, 5, 2, 0]], [[False, True, True, True]])
+    """
+    completion = np.asarray(batch.completion_mask)
+    wide = np.zeros((completion.shape[0], completion.shape[1] + 1), bool)
+    wide[:, :-1] |= completion
+    wide[:, 1:] |= completion
+    tokens = np.pad(np.asarray(batch.tokens), ((0, 0), (0, 1)))
+    prompt = np.pad(np.asarray(batch.prompt_mask), ((0, 0), (0, 1)))
+    arrays = (tokens, prompt, wide, np.zeros(wide.shape, np.float32), np.asarray(batch.rewards))
+    return Batch(*jax.tree.map(jnp.asarray, arrays), group=batch.group)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredPairs(Preferences):
+    """`Preferences`' pairs laid out for a score head (reward modeling).
+
+    One column wider, each row's completion mask reaching one position past its last token,
+    where a value head reads that token.
+
+    Examples:
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> example = {"prompt": "^12>", "chosen": "21", "rejected": "12"}
+      >>> batch = ScoredPairs().pairs(prompter, [example], np.random.default_rng(0))
+      >>> batch.tokens.shape[1] - prompter.width - prompter.max_new_tokens
+      1
+      >>> [DIGITS.decode(row[mask]) for row, mask in zip(batch.tokens, batch.completion_mask)]
+      ['21$_', '12$_']
+    """
+
+    def pairs(
+        self, prompter: Prompter, examples: Sequence[dict], rng: np.random.Generator, sharding=None
+    ) -> Batch:
+        """The pairs of `examples` (`chosen`, `rejected`; else corrupted answers from `rng`)."""
+        return _placed(_scored_rows(_preferences(prompter, examples, rng)), sharding)
+
+    def batch(self, step: StepRollout) -> tuple[Batch, dict[str, float]]:
+        """The step's pairs (corruptions as `Preferences` draws them), and no metrics."""
+        rng = np.random.default_rng([step.seed, step.step, 1])
+        return self.pairs(step.prompter, step.prompts.examples, rng, step.sharding), {}

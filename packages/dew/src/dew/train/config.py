@@ -8,6 +8,7 @@ function compiled, so a bad option costs nothing but its one-line message.
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +27,7 @@ from dew.options import (
     check_options,
     option,
 )
-from dew.rewards import _parse_reward
+from dew.rewards import Reward, _parse_reward
 from dew.rollout.prompter import Prompter
 from dew.tasks import Dataset, Task, get_task, load_examples, to_examples
 from dew.tokenizers import DIGITS, Tokenizer
@@ -285,6 +286,8 @@ class TrainConfig:
       data: examples to train on, in place of `--task`: a .jsonl or .parquet file, a folder
         datasets' save_to_disk wrote, or NAME:SPLIT of a dataset in the Hugging Face cache.
       rewards: the reward functions (`NAME[=WEIGHT]`), in place of the task's.
+      reward_models: reward models (`PATH[=WEIGHT]`, `*ForSequenceClassification` folders),
+        scoring each prompt and completion beside the reward functions.
       tools: tools the model may call (`module:function` or a `dew.tools` entry point): each
         rollout is then an episode of several turns.
       environment: an environment class (`module:Class`) the model plays, one instance per
@@ -319,6 +322,7 @@ class TrainConfig:
     model: str = "default"
     data: str | None = None
     rewards: tuple[str, ...] = ()
+    reward_models: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
     environment: str | None = None
     run: RunOptions = RunOptions()
@@ -388,6 +392,7 @@ class TrainConfig:
             elif name in known:
                 flat[name] = value
         flat["rewards"] = tuple(flat.get("rewards", ()))
+        flat["reward_models"] = tuple(flat.get("reward_models", ()))
         flat["tools"] = tuple(flat.get("tools", ()))
         return cls().replace(**flat)
 
@@ -505,6 +510,43 @@ def _reward_options(config: TrainConfig) -> dict[str, dict[str, Any]]:
     return grouped
 
 
+def _reward_model(spec: str, devices: int | None) -> Reward:
+    """The `Reward` of a `--reward-model PATH[=WEIGHT]` value, named by the folder.
+
+    The folder is checked (config, tensors, chat template) and loaded here, before the run
+    writes anything; `ConfigError` naming the flag and the path otherwise.
+
+    Examples:
+      >>> reward = _reward_model("tests/core/hf/qwen2-reward=0.5", None)
+      >>> reward.name, reward.weight
+      ('qwen2-reward', 0.5)
+      >>> _reward_model("tests/core=x", None)
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --reward-model 'tests/core=x': the weight 'x' is not a number
+    """
+    from dew import hf  # the checkpoint libraries load only when a reward model does
+    from dew.models.reward import TextScorer
+
+    path, sep, weight_text = spec.rpartition("=")
+    if not sep:
+        path, weight_text = spec, "1"
+    try:
+        weight = float(weight_text)
+    except ValueError:
+        raise ConfigError(
+            f"--reward-model {spec!r}: the weight {weight_text!r} is not a number"
+        ) from None
+    if not math.isfinite(weight):
+        raise ConfigError(f"--reward-model {spec!r}: the weight must be finite")
+    try:
+        model, tokenizer = hf.load_reward_model(path), hf.load_tokenizer(path)
+        scorer = TextScorer(model, tokenizer, devices)
+    except ValueError as error:  # CheckpointError, or a tokenizer without a chat template
+        raise ConfigError(f"--reward-model {path}: {error}") from None
+    return Reward(Path(path).name, scorer, weight)
+
+
 def _make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGITS) -> Prompter:
     """The `Prompter` of `task` on `tokenizer` with the run's prompt options and `--reward`s.
 
@@ -528,6 +570,9 @@ def _make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGIT
             )
         if options:
             raise ConfigError(f"--reward-option {next(iter(options))}: no --reward of that name")
+        if config.reward_models:
+            models = [_reward_model(spec, config.mesh.devices) for spec in config.reward_models]
+            rewards = (*(task.rewards if rewards is None else rewards), *models)
         prompting = config.prompting
         return Prompter(
             task,

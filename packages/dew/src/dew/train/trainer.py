@@ -467,6 +467,11 @@ class Trainer:
             kv_cache=self.config.rollout.kv_cache,
             rollouts=self.rollouts,
         )
+        heldout = getattr(self.objective, "evaluate", None)  # an objective's own held-out metrics
+        if heldout is not None:
+            metrics |= heldout(
+                self.graphdef, self.policy_params(), self.prompter, options.eval_prompts
+            )
         return {**metrics, "eval_s": time.perf_counter() - began}
 
     @property

@@ -6,7 +6,7 @@ importing this package. An objective writes no RL math of its own: every advanta
 KL and reduction is a `dew.rl` call; what an objective adds is which calls, in which order, with
 which defaults. `PolicyGradient` composes them from its fields; GRPO, Dr.GRPO, DAPO, RLOO, GSPO,
 CISPO, SAPO, GMPO and REINFORCE++ are its presets. PPO (a critic) and DPO (preferences) are
-objectives of their own.
+objectives of their own, as is reward modeling (`RewardModeling`, Bradley-Terry over pairs).
 """
 
 from dew.objectives.rl.dpo import DPO as DPO
@@ -21,6 +21,7 @@ from dew.objectives.rl.presets import RLOO as RLOO
 from dew.objectives.rl.presets import SAPO as SAPO
 from dew.objectives.rl.presets import DrGRPO as DrGRPO
 from dew.objectives.rl.presets import ReinforcePlusPlus as ReinforcePlusPlus
+from dew.objectives.rl.reward_model import RewardModeling as RewardModeling
 
 __all__ = [
     "CISPO",
@@ -35,4 +36,5 @@ __all__ = [
     "DrGRPO",
     "PolicyGradient",
     "ReinforcePlusPlus",
+    "RewardModeling",
 ]
