@@ -46,13 +46,16 @@ def test_a_bad_reward_option_is_one_line_before_the_folder(capsys, tmp_path, opt
 
 def test_a_reward_that_judges_no_completion_is_named_with_its_column_once(capsys, monkeypatch):
     monkeypatch.setattr(rewards, "_WARNED", set())
-    judged = [Reward("math_answer", rewards.math_answer)]
+    def judge(prompts, completions, answer, **columns):
+        return [None if a is None else 1.0 for a in answer]
+
+    judged = [Reward("judge", judge)]
     for _ in range(2):
         total, parts = score_texts(judged, ["q", "q"], ["1", "2"], {"answer": [None, None]})
-    assert total.tolist() == [0.0, 0.0] and all(math.isnan(v) for v in parts["math_answer"])
+    assert total.tolist() == [0.0, 0.0] and all(math.isnan(v) for v in parts["judge"])
     err = capsys.readouterr().err.strip()
     assert err == (
-        "dew: warning: reward 'math_answer' returned None for every completion, so it adds "
+        "dew: warning: reward 'judge' returned None for every completion, so it adds "
         "nothing to the rewards trained on; it reads the column answer (first [None, None])"
     )
 

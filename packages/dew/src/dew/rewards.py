@@ -171,10 +171,8 @@ def equivalent(answer: str, reference: str) -> bool:
     return bool(gold and guess and verify.verify(gold, guess, timeout_seconds=seconds))
 
 
-def math_answer(
-    prompts: list[Any], completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
-) -> list[float | None]:
-    """1.0 where the completion's `final_answer` equals `answer`, else 0.0; None without answer.
+def math_answer(prompts: list[Any], completions: list[str], **columns: Any) -> list[float | None]:
+    """1.0 where the completion's `final_answer` equals the `answer` column, else 0.0.
 
     Examples without an `answer` column (preference pairs) are all None. A completion that
     states no answer scores 0. `answer` may be text (`"0.75"`,
@@ -185,6 +183,7 @@ def math_answer(
       ...             answer=["72", "0.75", "-12", "1"])
       [1.0, 1.0, 0.0, 0.0]
     """
+    answer = columns.get("answer")
     if answer is None:
         return [None] * len(completions)
     scores: list[float | None] = []

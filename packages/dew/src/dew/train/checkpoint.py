@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,19 +190,25 @@ def _orbax():
     """`orbax.checkpoint`, imported at a run's first save or restore rather than at start-up."""
     import orbax.checkpoint as ocp
 
-    absl = logging.getLogger("absl")
-    if _reraised not in absl.filters:
-        absl.addFilter(_reraised)
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if _reraised not in logger.filters:
+            logger.addFilter(_reraised)
     return ocp
 
 
 def _reraised(record: logging.LogRecord) -> bool:
-    """Whether to print an absl log record: not the tracebacks Orbax's threads log.
+    """Whether to print a log record: not the tracebacks of Orbax's failed writes.
 
-    An Orbax thread that fails logs its exception with its traceback, then the save or restore
+    An Orbax thread that fails logs its exception with its traceback (and asyncio logs the
+    tasks of its other writes, "Task exception was never retrieved"), then the save or restore
     that waits for it raises the same exception, which the run reports in one line.
     """
-    return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)
+    if not record.exc_info or record.exc_info[2] is None:
+        return True
+    orbax = f"{os.sep}orbax{os.sep}"
+    frames = traceback.extract_tb(record.exc_info[2])
+    return not (orbax in record.pathname or any(orbax in frame.filename for frame in frames))
 
 
 class Checkpoints:
