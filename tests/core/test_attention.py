@@ -55,7 +55,7 @@ def pair(mask, softcap, block=4, scale=0.3):
 
 @pytest.mark.parametrize(
     ("name", "softcap"),
-    [("causal", None), ("window", 2.0), ("packed", None), ("packed-window", 2.0), ("prefix", 2.0)],
+    [("causal", None), ("packed-window", 2.0), ("prefix", 2.0)],
 )
 def test_blocks_give_the_one_pass_outputs_and_gradients(name, softcap):
     mask = MASKS[name]
@@ -99,7 +99,7 @@ def test_a_query_that_sees_no_key_gets_zeros_and_a_zero_gradient():
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     queries=st.integers(1, 12),
     extra=st.integers(0, 9),
