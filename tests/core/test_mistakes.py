@@ -46,6 +46,7 @@ def test_a_bad_reward_option_is_one_line_before_the_folder(capsys, tmp_path, opt
 
 def test_a_reward_that_judges_no_completion_is_named_with_its_column_once(capsys, monkeypatch):
     monkeypatch.setattr(rewards, "_WARNED", set())
+
     def judge(prompts, completions, answer, **columns):
         return [None if a is None else 1.0 for a in answer]
 
