@@ -866,19 +866,8 @@ def _command_chat(argv: list[str]) -> int:
     import jax
 
     from dew.inference import chat_reply
-    from dew.models.registry import resolve_model
 
-    _tell(f"loading {args.model}")
-    try:
-        source = resolve_model(args.model)
-        policy, tokenizer = source.policy(args.seed), source.tokenizer()
-        tokenizer.apply_chat_template([{"role": "user", "content": "?"}], True)
-    except (FileNotFoundError, ValueError) as error:
-        raise _CommandError(str(error)) from error
-    interactive = args.message is None and sys.stdin.isatty()
-    if args.message is None and interactive:
-        print("dew: type a message; an empty line, `exit` or Ctrl-D ends", file=sys.stderr)
-    turns = iter([args.message]) if args.message is not None else _turns(interactive)
+    policy, tokenizer, turns = _chat_model(args)
     messages: list[dict[str, str]] = []
     for number, text in enumerate(turns):
         messages.append({"role": "user", "content": text})
@@ -907,7 +896,6 @@ def _agent_chat(args: argparse.Namespace) -> int:
     import jax
 
     from dew import inference
-    from dew.models.registry import resolve_model
     from dew.rollout.episode import environment_methods
     from dew.tools import ToolError, json_schema, load_tool
     from dew.train.config import _load_environment
@@ -923,17 +911,7 @@ def _agent_chat(args: argparse.Namespace) -> int:
             json_schema(getattr(environment, name))
     except ToolError as error:
         raise _CommandError(f"--environment {args.environment!r}: {error}") from error
-    _tell(f"loading {args.model}")
-    try:
-        source = resolve_model(args.model)
-        policy, tokenizer = source.policy(args.seed), source.tokenizer()
-        tokenizer.apply_chat_template([{"role": "user", "content": "?"}], True)
-    except (FileNotFoundError, ValueError) as error:
-        raise _CommandError(str(error)) from error
-    interactive = args.message is None and sys.stdin.isatty()
-    if args.message is None and interactive:
-        print("dew: type a message; an empty line, `exit` or Ctrl-D ends", file=sys.stderr)
-    turns = iter([args.message]) if args.message is not None else _turns(interactive)
+    policy, tokenizer, turns = _chat_model(args)
     messages: list[dict] = []
     game, episode_tools = None, tools
     for number, text in enumerate(turns):
@@ -1072,6 +1050,27 @@ def _command_runs(argv: list[str]) -> int:
         )
     Console(width=200).print(table)
     return 0
+
+
+def _chat_model(args):
+    """`dew chat`'s policy, tokenizer (its chat template checked) and the user's turns."""
+    from dew.models.registry import resolve_model
+
+    _tell(f"loading {args.model}")
+    try:
+        source = resolve_model(args.model)
+        policy, tokenizer = source.policy(args.seed), source.tokenizer()
+        tokenizer.apply_chat_template([{"role": "user", "content": "?"}], True)
+    except (FileNotFoundError, ValueError) as error:
+        raise _CommandError(str(error)) from error
+    interactive = args.message is None and sys.stdin.isatty()
+    if args.message is None and interactive:
+        print("dew: type a message; an empty line, `exit` or Ctrl-D ends", file=sys.stderr)
+    return (
+        policy,
+        tokenizer,
+        iter([args.message]) if args.message is not None else _turns(interactive),
+    )
 
 
 def _turns(prompted: bool):
