@@ -89,3 +89,39 @@ def test_greedy_evaluation_repeats_one_completion():
     metrics = fixed_policy_run(judge, k=4, temperature=0.0)
     assert all(len(set(row)) == 1 for row in answers[0])
     assert metrics["eval/maj@4"] == 1.0
+
+
+def test_completions_are_drawn_in_one_shape_and_the_padding_is_not_scored(monkeypatch):
+    monkeypatch.setattr("dew.evaluation._ROWS_PER_DRAW", 8)  # 2 prompts of 4 per draw
+    calls, told = [], []
+
+    def judge(prompts, completions, **columns):
+        calls.append(len(completions))
+        return [float(len(calls) == 3)] * len(completions)  # only the third draw is right
+
+    graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+    prompter = Prompter(Reverse(1, 1), DIGITS, rewards=(Reward("judge", judge),))
+    run = dict(prompts=5, k=4, temperature=1.0, key=jax.random.key(0))
+    metrics = evaluate(graphdef, params, prompter, progress=told.append, **run)
+    assert calls == [8, 8, 8]  # the last draw is padded to the others' shape
+    assert metrics["eval/prompts"] == 5
+    assert metrics["eval/reward"] == pytest.approx(4 / 20)  # its 4 padded rows not counted
+    assert metrics["eval/pass@1"] == pytest.approx(1 / 5)
+    assert told[0].startswith("sampling 1-8 of 20 completions")
+    assert [line.split(" completions")[0] for line in told[1:]] == [
+        "sampling 9-16 of 20",
+        "sampling 17-20 of 20",
+        "scored 20",
+    ]
+
+
+def test_greedy_metrics_do_not_depend_on_how_the_completions_are_drawn(monkeypatch):
+    def judge(prompts, completions, **columns):
+        return [float(len(c) % 2) for c in completions]
+
+    graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+    prompter = Prompter(Reverse(1, 1), DIGITS, rewards=(Reward("judge", judge),))
+    run = dict(prompts=5, k=2, temperature=0.0, key=jax.random.key(0))
+    whole = evaluate(graphdef, params, prompter, **run)
+    monkeypatch.setattr("dew.evaluation._ROWS_PER_DRAW", 4)
+    assert evaluate(graphdef, params, prompter, **run) == whole

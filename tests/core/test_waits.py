@@ -27,7 +27,7 @@ def test_eval_says_it_loads_and_samples_on_a_terminal(capsys, monkeypatch):
     assert cli.main(argv) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "dew: loading tiny"
-    assert err[1].startswith("dew: sampling 4 completions (2 held-out prompts x 2, up to ")
+    assert err[1].startswith("dew: sampling 1-4 of 4 completions (2 held-out prompts x 2, up to ")
 
 
 def test_an_interrupted_run_names_the_command_that_continues_it(tmp_path):

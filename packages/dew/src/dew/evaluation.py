@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from dew.rollout import Prompter
-from dew.rollout.generate import Rollouts, SingleTurn
+from dew.rollout.generate import Rollout, Rollouts, SingleTurn
 
 __all__ = ["evaluate", "pass_at_k"]
 
@@ -66,6 +66,40 @@ def _extractor(prompter: Prompter):
     return extract or str.strip
 
 
+_ROWS_PER_DRAW = 64
+"""Completions sampled at once: a draw's progress is told between draws, and the next draw is
+dispatched before the last one is scored."""
+
+
+def _draws(examples: list, k: int) -> list[tuple[list, int]]:
+    """`examples` cut into draws of at most `_ROWS_PER_DRAW // k` prompts (at least one), each
+    with how many of its prompts are real: the last is padded with copies of its last example,
+    so that every draw has one shape and the sampler compiles once."""
+    size = max(1, _ROWS_PER_DRAW // k)
+    cuts = [examples[start : start + size] for start in range(0, len(examples), size)]
+    if len(cuts) == 1:
+        return [(cuts[0], len(cuts[0]))]
+    last = cuts[-1]
+    return [(cut, size) for cut in cuts[:-1]] + [
+        (last + [last[-1]] * (size - len(last)), len(last))
+    ]
+
+
+def _judged(sampled: Rollout, prompter: Prompter, k: int, prompts: int) -> dict[str, np.ndarray]:
+    """The rewards, correctness, stated answers and lengths of the first `prompts` prompts' `k`
+    completions each, `[prompts, k]`."""
+    first = sampled.reward_parts[prompter.rewards[0].name]
+    extract = _extractor(prompter)
+    answers = [extract(text) for text in sampled.texts(prompter)]
+    rows = prompts * k
+    return {
+        "rewards": np.asarray(sampled.rewards)[:rows].reshape(prompts, k),
+        "correct": (np.nan_to_num(first, nan=0.0) >= 1.0)[:rows].reshape(prompts, k),
+        "answers": np.array(answers, dtype=object)[:rows].reshape(prompts, k),
+        "lengths": np.asarray(sampled.completion_mask).sum(1)[:rows].reshape(prompts, k),
+    }
+
+
 def evaluate(
     graphdef: nnx.GraphDef,
     params,
@@ -85,8 +119,10 @@ def evaluate(
     value, e.g. `eval/pass@4`), `eval/maj@k`, `eval/completion_tokens`, `eval/prompts`.
     Held-out prompts over the prompter's width are left out. At `temperature` 0 the `k`
     completions are one greedy completion repeated. `rollouts` says how prompts become scored
-    rollouts (one turn by default); an episode's answer is its last turn. `progress`, when given,
-    is told each phase as it starts (sampling, scoring), as one line of text.
+    rollouts (one turn by default); an episode's answer is its last turn. Completions are
+    sampled `_ROWS_PER_DRAW` at a time (the first draw with `key`, draw i with
+    `fold_in(key, i)`); `progress`, when given, is told as each draw starts and when all are
+    scored, as one line of text.
 
     Examples:
       >>> from dew.models.llama import build
@@ -104,29 +140,36 @@ def evaluate(
     if not examples:
         raise ValueError(f"task {prompter.task.name!r} has no held-out examples to evaluate on")
     tell = progress or (lambda text: None)
-    tell(
-        f"sampling {len(examples) * k} completions ({len(examples)} held-out prompts x {k}, up "
-        f"to {prompter.max_new_tokens} tokens each; the first call compiles the sampler)"
+    rollouts = rollouts or SingleTurn()
+    total, sampled, judged, pending = len(examples) * k, 0, [], None
+    for index, (batch, real) in enumerate(_draws(examples, k)):
+        compiles = "; the first draw compiles the sampler" if index == 0 else ""
+        tell(
+            f"sampling {sampled + 1}-{sampled + real * k} of {total} completions "
+            f"({len(examples)} held-out prompts x {k}, up to {prompter.max_new_tokens} tokens "
+            f"each{compiles})"
+        )
+        drawn = rollouts.draw(
+            graphdef,
+            params,
+            prompter,
+            prompter.encode_all(batch),
+            k,
+            key if index == 0 else jax.random.fold_in(key, index),
+            temperature=temperature,
+            kv_cache=kv_cache,
+        )
+        if pending is not None:  # scored while the next draw samples
+            judged.append(_judged(pending[0].scored(), prompter, k, pending[1]))
+        pending, sampled = (drawn, real), sampled + real * k
+    judged.append(_judged(pending[0].scored(), prompter, k, pending[1]))
+    tell(f"scored {total} completions")
+    rewards, correct, answers, lengths = (
+        np.concatenate([part[name] for part in judged])
+        for name in ("rewards", "correct", "answers", "lengths")
     )
-    drawn = (rollouts or SingleTurn()).draw(
-        graphdef,
-        params,
-        prompter,
-        prompter.encode_all(examples),
-        k,
-        key,
-        temperature=temperature,
-        kv_cache=kv_cache,
-    )
-    sampled = drawn.scored()
-    tell(f"scored {len(sampled.rewards)} completions")
-    first = sampled.reward_parts[prompter.rewards[0].name]
-    correct = (np.nan_to_num(first, nan=0.0) >= 1.0).reshape(-1, k)
-    extract = _extractor(prompter)
-    texts = sampled.texts(prompter)
-    answers = np.array([extract(text) for text in texts], dtype=object).reshape(-1, k)
     return {
-        "eval/reward": float(sampled.rewards.mean()),
+        "eval/reward": float(rewards.mean()),
         "eval/pass@1": float(np.mean([pass_at_k(k, int(c), 1) for c in correct.sum(1)])),
         f"eval/pass@{k}": float(np.mean([pass_at_k(k, int(c), k) for c in correct.sum(1)])),
         f"eval/maj@{k}": float(
@@ -134,6 +177,6 @@ def evaluate(
                 [_majority_correct(list(a), list(c)) for a, c in zip(answers, correct, strict=True)]
             )
         ),
-        "eval/completion_tokens": float(sampled.completion_mask.sum(1).mean()),
+        "eval/completion_tokens": float(lengths.mean()),
         "eval/prompts": float(len(examples)),
     }
