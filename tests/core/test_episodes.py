@@ -269,7 +269,7 @@ def test_the_real_sampler_plays_an_environment(tokenizer):
     assert (context.sum(1) > 0).all() and batch.reward_weights == (1.0, 1.0)
 
 
-def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path):
+def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path, monkeypatch):
     from dew.cli import _parse_train
     from dew.train.trainer import Trainer
 
@@ -284,7 +284,10 @@ def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path):
     )
     trainer = Trainer(config, quiet=True)
     assert isinstance(trainer.rollouts, Episodes) and trainer.rollouts.limits.max_turns == 3
+    closed = []
+    monkeypatch.setattr(Episodes, "close", lambda self: closed.append(self))
     history = trainer.run()
+    assert closed == [trainer.rollouts]  # the trainer made them, so it closes them
     first = history[0]
     assert 1.0 <= first["turns"] <= 3.0 and first["sampled_tokens"] >= first["turns"]
     assert first["context_tokens"] >= 0 and np.isfinite(first["loss"])

@@ -22,9 +22,14 @@ def test_progress_says_the_first_step_compiles_then_shows_seconds_per_step_and_a
 
 
 def test_eval_says_it_loads_and_samples_on_a_terminal(capsys, monkeypatch):
+    from dew.rollout.generate import SingleTurn
+
     monkeypatch.setattr(cli, "_terminal", lambda: True)
+    closed = []
+    monkeypatch.setattr(SingleTurn, "close", lambda self: closed.append(self))
     argv = ["eval", "--model", "tiny", "--prompts", "2", "--k", "2"]
     assert cli.main(argv) == 0
+    assert len(closed) == 1  # the rollouts it made
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "dew: loading tiny"
     assert err[1].startswith("dew: sampling 1-4 of 4 completions (2 held-out prompts x 2, up to ")

@@ -701,17 +701,21 @@ def _command_eval(argv: list[str]) -> int:
         config = TrainConfig().replace(**values)
         _tell(f"loading {model}")
         run = load_run(model, config=config) if is_run else model_run(model, config, args["seed"])
-        metrics = evaluate(
-            run.graphdef,
-            run.params,
-            run.prompter,
-            prompts=args["prompts"],
-            k=args["k"],
-            temperature=args["temperature"],
-            key=jax.random.key(args["seed"]),
-            progress=_tell,
-            rollouts=_make_rollouts(config),
-        )
+        rollouts = _make_rollouts(config)
+        try:
+            metrics = evaluate(
+                run.graphdef,
+                run.params,
+                run.prompter,
+                prompts=args["prompts"],
+                k=args["k"],
+                temperature=args["temperature"],
+                key=jax.random.key(args["seed"]),
+                progress=_tell,
+                rollouts=rollouts,
+            )
+        finally:
+            rollouts.close()
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(str(error)) from error
     where = f"run {model}, step {run.step}" if is_run else f"model {model}"

@@ -237,7 +237,8 @@ class Rollouts(Protocol):
     """How prompts become a scored rollout: one turn (`SingleTurn`), or episodes of several.
 
     The trainer (including the rollout it draws while the update before it runs), `evaluate`
-    and `dew.inference` call `draw` and nothing else, so each works with any implementation.
+    and `dew.inference` call `draw` and nothing else, so each works with any implementation;
+    whoever makes one calls `close` when done with it.
     """
 
     def draw(
@@ -255,6 +256,10 @@ class Rollouts(Protocol):
         sharding: jax.sharding.Sharding | None = None,
     ) -> Drawn:
         """`group` rollouts of each of `prompts`, dispatched; `scored()` waits for them."""
+        ...
+
+    def close(self) -> None:
+        """Release what drawing holds (threads, processes); a later `draw` may start them again."""
         ...
 
 
@@ -302,6 +307,9 @@ class SingleTurn:
             kv_cache=kv_cache,
             sharding=sharding,
         )
+
+    def close(self) -> None:
+        """Nothing: one turn holds nothing between draws."""
 
 
 def draw_rollout(

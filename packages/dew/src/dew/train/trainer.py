@@ -183,6 +183,7 @@ class Trainer:
         rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
         check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
         self.rollouts: Rollouts = rollouts or _make_rollouts(config)
+        self._owns_rollouts = rollouts is None  # a caller's own rollouts are the caller's to close
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
         check_folder(self.run_dir, config.run.resume)
@@ -571,6 +572,8 @@ class Trainer:
             for callback in self.callbacks:
                 callback.on_end(self)
             self.checkpoints.close()
+            if self._owns_rollouts:
+                self.rollouts.close()
             self.lock.release()
         return self.log.rows
 
