@@ -375,3 +375,32 @@ def test_the_environment_tools_flag_reaches_the_episodes():
     assert config.episodes.environment_tools and _make_rollouts(config).environment_tools
     with pytest.raises(ConfigError, match="--environment-tools needs --environment"):
         _make_rollouts(config.replace(environment=None))
+
+
+def test_an_episode_run_resumed_mid_way_is_the_straight_run_bit_for_bit(tmp_path):
+    from dew.cli import _parse_train
+    from dew.train.trainer import Trainer
+
+    def trainer(out, steps, *resume):
+        argv = [
+            *("--objective", "grpo", "--model", "tiny", "--task", "guess"),
+            *("--environment", "dew.tasks.guess:NumberGuess", "--max-turns", "3"),
+            *("--max-episode-tokens", "12", "--prompts", "2", "--group", "4"),
+            *("--steps", str(steps), "--out", str(tmp_path / out), *resume),
+        ]
+        return Trainer(_parse_train(argv)[0], quiet=True)
+
+    straight = trainer("a", 4)
+    straight_rows = straight.run()
+    trainer("b", 2).run()
+    resumed = trainer("b", 4, "--resume")
+    resumed_rows = resumed.run()
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params), strict=True):
+        assert np.array_equal(a, b)
+    timings = {"time", "rollout_s", "update_s", "steps_per_s", "sampler_tokens_per_s", "tool_s"}
+    rows = [
+        [{k: v for k, v in r.items() if k not in timings} for r in h]
+        for h in (straight_rows, resumed_rows)
+    ]
+    assert rows[0] == rows[1] and [row["step"] for row in rows[1]] == [1, 2, 3, 4]
+    assert {"turns", "episode_caps"} <= set(rows[0][0])  # the rows of episodes
