@@ -677,6 +677,7 @@ def _command_eval(argv: list[str]) -> int:
         raise _CommandError("--k and --prompts must be >= 1 and --temperature >= 0")
     if args["out"]:
         _check_appendable(Path(args["out"]))
+    import contextlib
     import json
 
     import jax
@@ -701,8 +702,7 @@ def _command_eval(argv: list[str]) -> int:
         config = TrainConfig().replace(**values)
         _tell(f"loading {model}")
         run = load_run(model, config=config) if is_run else model_run(model, config, args["seed"])
-        rollouts = _make_rollouts(config)
-        try:
+        with contextlib.closing(_make_rollouts(config)) as rollouts:
             metrics = evaluate(
                 run.graphdef,
                 run.params,
@@ -714,8 +714,6 @@ def _command_eval(argv: list[str]) -> int:
                 progress=_tell,
                 rollouts=rollouts,
             )
-        finally:
-            rollouts.close()
     except (FileNotFoundError, ValueError) as error:
         raise _CommandError(str(error)) from error
     where = f"run {model}, step {run.step}" if is_run else f"model {model}"

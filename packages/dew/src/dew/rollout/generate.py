@@ -237,8 +237,8 @@ class Rollouts(Protocol):
     """How prompts become a scored rollout: one turn (`SingleTurn`), or episodes of several.
 
     The trainer (including the rollout it draws while the update before it runs), `evaluate`
-    and `dew.inference` call `draw` and nothing else, so each works with any implementation;
-    whoever makes one calls `close` when done with it.
+    and `dew.inference` only `draw`, so each works with any implementation; whoever makes one
+    calls `close` when done with it.
     """
 
     def draw(
