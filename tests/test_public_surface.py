@@ -128,8 +128,8 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     },
     "dew.train.checkpoint": {"Checkpoints"},
     "dew.train.config": {
-        "CHECKPOINT_DEFAULTS", "EpisodeOptions", "EvalOptions", "LoRAOptions", "MemoryOptions",
-        "MeshOptions",
+        "AsyncOptions", "CHECKPOINT_DEFAULTS", "EpisodeOptions", "EvalOptions", "LoRAOptions",
+        "MemoryOptions", "MeshOptions",
         "OptimizerOptions", "PrecisionOptions", "PromptOptions", "RolloutOptions", "RunOptions",
         "UpdateOptions", "validate",
     },

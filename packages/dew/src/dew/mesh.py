@@ -28,14 +28,14 @@ __all__ = [
 AXIS = "data"
 
 
-def make_mesh(devices: int | None = None) -> Mesh:
-    """A one-axis mesh named `"data"` over the first `devices` devices (all when None).
+def make_mesh(devices: int | None = None, first: int = 0) -> Mesh:
+    """A one-axis mesh named `"data"` over `devices` devices from the `first` on (all when None).
 
     Examples:
       >>> dict(make_mesh(1).shape)
       {'data': 1}
     """
-    available = jax.devices()
+    available = jax.devices()[first:]
     count = len(available) if devices is None else devices
     if not 1 <= count <= len(available):
         raise ValueError(f"devices must be in [1, {len(available)}] here, got {count}")

@@ -45,7 +45,10 @@ class Objective(Protocol):
         rollout-time predictions and the update passes the current ones in `outputs.values`.
 
     An objective may also declare `needs_entropy` (optional, false when absent): the update then
-    passes each token's entropy in `outputs.entropy`, for an entropy bonus.
+    passes each token's entropy in `outputs.entropy`, for an entropy bonus; and `off_policy`
+    (optional, false when absent): its loss takes rollouts that older weights sampled, the
+    sampler's `behavior_log_probs` the denominator of its importance weights, so a run may
+    sample ahead of its updates (`--max-staleness`).
     It may also define `evaluate(graphdef, params, prompter, n) -> dict` (optional): held-out
     metrics of its own, merged into each evaluation's (reward modeling's pairwise accuracy),
     and `export_format = "sequence_classification"` (optional): `dew export` then writes the

@@ -19,6 +19,7 @@ rollout; the loss mask over the model's own tokens as both.
 """
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -264,6 +265,7 @@ class Episodes:
 
     def __post_init__(self):
         self._runner = None
+        self._runner_lock = threading.Lock()  # a sampler thread and an evaluation may share it
         self.schemas = []
         methods = []
         if self.environment_tools:
@@ -276,9 +278,10 @@ class Episodes:
             self.schemas = [toolkit.json_schema(fn) for fn in [*self.tools, *methods]]
 
     def _tool_runner(self):
-        if self._runner is None and self.tools:
-            self._runner = _toolkit().ToolRunner(self.tools, timeout=self.limits.tool_timeout)
-        return self._runner
+        with self._runner_lock:
+            if self._runner is None and self.tools:
+                self._runner = _toolkit().ToolRunner(self.tools, timeout=self.limits.tool_timeout)
+            return self._runner
 
     def _episode_runner(self, environment):
         """A runner of the tools and of `environment`'s own methods, for one episode's calls."""
@@ -290,9 +293,10 @@ class Episodes:
 
     def close(self) -> None:
         """Stop the tool runner's threads."""
-        if self._runner is not None:
-            self._runner.close()
-            self._runner = None
+        with self._runner_lock:
+            if self._runner is not None:
+                self._runner.close()
+                self._runner = None
 
     def draw(
         self,

@@ -119,6 +119,9 @@ class Rollout(NamedTuple):
         tool calls) when the rollout is one of episodes, else None.
       metrics: the rollout's own metrics for the step's row (an episode's turns and tool
         calls), or None.
+      versions: `[B]` the version of the weights that sampled each row (the step whose update
+        made them) when the trainer samples ahead of its updates (`--max-staleness`), else
+        None.
     """
 
     batch: Batch
@@ -134,6 +137,7 @@ class Rollout(NamedTuple):
     attention_mask: np.ndarray | None = None
     episodes: list | None = None
     metrics: dict[str, float] | None = None
+    versions: np.ndarray | None = None
 
     def texts(self, prompter: Prompter) -> list[str]:
         """Each row's final completion as text: an episode's last turn, else the completion."""

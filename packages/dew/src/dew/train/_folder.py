@@ -46,6 +46,7 @@ MAY_CHANGE_ON_RESUME = (
     "eval_k",
     "samples_every",
     "report_to",
+    "rollout_devices",
 )
 """The options a resumed run may change; every other one defines the run.
 

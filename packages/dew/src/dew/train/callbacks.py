@@ -233,5 +233,7 @@ def _step_samples(prompter: Prompter, sampled: Rollout, step: int) -> list[dict[
         }
         if sampled.episodes is not None:
             sample["messages"] = sampled.episodes[index].messages
+        if sampled.versions is not None:  # sampled ahead, by the weights of that step
+            sample["version"] = int(sampled.versions[index])
         samples.append(sample)
     return samples

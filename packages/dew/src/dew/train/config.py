@@ -34,6 +34,7 @@ from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
     "CHECKPOINT_DEFAULTS",
+    "AsyncOptions",
     "ConfigError",
     "EpisodeOptions",
     "EvalOptions",
@@ -257,6 +258,24 @@ class EpisodeOptions:
     environment_tools: bool = option(False)
 
 
+@dataclasses.dataclass(frozen=True)
+class AsyncOptions:
+    """Sampling ahead of the learner: rollouts of older weights, and where the sampler runs.
+
+    Attributes:
+      max_staleness: policy versions the sampler runs ahead of the learner: step s trains on a
+        rollout the weights after step s-1-K sampled, drawn while the K updates between ran
+        (0: each step samples with the weights of the update just before it). Needs an
+        objective that corrects for the sampling policy (--tis-cap).
+      rollout_devices: devices set apart for the sampler, the last ones of the run's; the
+        weights are copied to them after each update (0: the sampler shares the training
+        devices).
+    """
+
+    max_staleness: int = option(0, NON_NEGATIVE)
+    rollout_devices: int = option(0, NON_NEGATIVE)
+
+
 _SECTIONS = {
     "run": RunOptions,
     "prompting": PromptOptions,
@@ -269,6 +288,7 @@ _SECTIONS = {
     "precision": PrecisionOptions,
     "evaluation": EvalOptions,
     "episodes": EpisodeOptions,
+    "asynchronous": AsyncOptions,
 }
 
 
@@ -303,6 +323,7 @@ class TrainConfig:
       precision: the dtypes weights are stored and computed in.
       evaluation: held-out evaluation and samples.
       episodes: the caps of an episode (with tools or an environment).
+      asynchronous: sampling ahead of the learner, and the sampler's own devices.
       objective_options: the objective's hyperparameters (its dataclass fields).
       task_options: the task's constructor arguments (`min_len`, `max_len` for the digit tasks).
       reward_options: the reward functions' keyword options, as `{"NAME.KEY": value}`.
@@ -336,6 +357,7 @@ class TrainConfig:
     precision: PrecisionOptions = PrecisionOptions()
     evaluation: EvalOptions = EvalOptions()
     episodes: EpisodeOptions = EpisodeOptions()
+    asynchronous: AsyncOptions = AsyncOptions()
     objective_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     reward_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -711,10 +733,51 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
             f"--devices must be all {available} devices of the run's {jax.process_count()} "
             f"processes, got {devices}"
         )
+    _check_async(config, objective, devices)
+    training = devices - config.asynchronous.rollout_devices
     rows = source.rows(rollout.prompts, rollout.group)
     for what, count in (
         ("batch rows per micro-batch", rows // update.micro_batches),
         ("--prompts", rollout.prompts),
     ):
-        if count % devices:
-            raise ConfigError(f"--devices ({devices}) must divide the {what} ({count})")
+        if count % training:
+            flag = "--devices less --rollout-devices" if training != devices else "--devices"
+            raise ConfigError(f"{flag} ({training}) must divide the {what} ({count})")
+
+
+def _check_async(config: TrainConfig, objective: Objective, devices: int) -> None:
+    """`ConfigError` for `--max-staleness` or `--rollout-devices` the run cannot take.
+
+    Examples:
+      >>> from dew.objectives.sft import SFT
+      >>> _check_async(TrainConfig(objective="sft").replace(max_staleness=1), SFT(), 1)
+      ... # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --max-staleness 1: objective 'sft' cannot train on rollouts ...
+      >>> _check_async(TrainConfig().replace(rollout_devices=2), SFT(), 2)
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --rollout-devices (2) must leave the learner a device, of 2
+    """
+    options = config.asynchronous
+    staleness, apart = options.max_staleness, options.rollout_devices
+    if staleness and not getattr(objective, "off_policy", False):
+        raise ConfigError(
+            f"--max-staleness {staleness}: objective {config.objective!r} cannot train on "
+            "rollouts of older weights (its loss does not correct for the sampling policy); "
+            "use 0, or a policy-gradient objective (grpo, dapo, ...)"
+        )
+    if apart >= devices:
+        raise ConfigError(
+            f"--rollout-devices ({apart}) must leave the learner a device, of {devices}"
+        )
+    if (staleness or apart) and jax.process_count() > 1:
+        raise ConfigError(
+            "--max-staleness and --rollout-devices run in one process; a run of "
+            f"{jax.process_count()} processes (dew launch) takes neither"
+        )
+    if apart and config.rollout.prompts % apart:
+        raise ConfigError(
+            f"--rollout-devices ({apart}) must divide --prompts ({config.rollout.prompts})"
+        )

@@ -14,6 +14,7 @@ sample named: both leave the last checkpoint as it was.
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
 from dew.train._heap import release_freed, settle, unsettle
 from dew.train._memory import check_memory
+from dew.train._pipeline import AheadSampler, Placement, staleness_metrics
 from dew.train._precision import cast_floating
 from dew.train.callbacks import (
     Callback,
@@ -177,8 +179,10 @@ class Trainer:
         self.objective, self.task = _resolve(config, objective, task)
         self.prompter = _make_prompter(config, self.task, tokenizer)
         validate(config, self.objective)
+        _warn_uncorrected(config, self.objective)
         _check_context(self.prompter, architecture)
         devices = config.mesh.devices or len(jax.devices())
+        devices -= config.asynchronous.rollout_devices  # the learner's
         width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
         rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
         check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
@@ -265,7 +269,9 @@ class Trainer:
         its own base with the adapters at zero.
         """
         config = self.config
-        self.mesh = make_mesh(config.mesh.devices)
+        apart = config.asynchronous.rollout_devices
+        learner = (config.mesh.devices or len(jax.devices())) - apart
+        self.mesh = make_mesh(learner)
         self.rows = batch_sharding(self.mesh)
         lora = config.lora
         self.lora = lora.lora_rank > 0
@@ -306,6 +312,14 @@ class Trainer:
         # the objective's source trains on rows of its own rather than the rollout's.
         early = self.objective.needs_reference and not config.memory.pack
         self.reference_spec = spec if early else None
+        self.ahead_sampler: AheadSampler | None = None
+        if config.asynchronous.max_staleness or apart:
+            self.reference_spec = None  # the update runs the reference pass on the rows it takes
+            sampler = make_mesh(apart, learner) if apart else None
+            placement = Placement.of(self.mesh, sampler, self.frozen)
+            self.ahead_sampler = AheadSampler(
+                config.asynchronous.max_staleness, self._sample_with, placement
+            )
 
     def policy_params(self):
         """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
@@ -380,19 +394,7 @@ class Trainer:
 
     def _draw(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
         """`sample`'s completions and their reference log-probs (or None), dispatched."""
-        options = self.config.rollout
-        drawn = self.rollouts.draw(
-            self.graphdef,
-            self.policy_params(),
-            self.prompter,
-            prompts,
-            group,
-            key,
-            temperature=options.temperature if temperature is None else temperature,
-            top_p=options.top_p,
-            kv_cache=options.kv_cache,
-            sharding=self.rows,
-        )
+        drawn = self._dispatch(self.policy_params(), prompts, group, key, self.rows, temperature)
         if self.reference_spec is None:
             return drawn, None
         reference = _compiled_reference(self.reference_spec, group, drawn.shared_prefix)
@@ -400,9 +402,60 @@ class Trainer:
         rows = (samples.tokens, samples.prompt_mask, samples.completion_mask)
         return drawn, reference(self.ref_params, self.frozen, *rows)
 
-    def rollout_phase(self, step: int) -> StepRollout:
-        """Sample and score the step's prompts, drawn already if the last update drew them."""
+    def _dispatch(
+        self, weights, prompts, group: int, key: jax.Array, sharding, temperature=None
+    ) -> Drawn:
+        """The rollouts' draw of `prompts` by the policy state `weights`, its rows on `sharding`."""
+        options = self.config.rollout
+        return self.rollouts.draw(
+            self.graphdef,
+            weights,
+            self.prompter,
+            prompts,
+            group,
+            key,
+            temperature=options.temperature if temperature is None else temperature,
+            top_p=options.top_p,
+            kv_cache=options.kv_cache,
+            sharding=sharding,
+        )
+
+    def _sample_with(self, weights, prompts, key: jax.Array, sharding) -> Rollout:
+        """A step's scored rollout sampled by `weights`: what the sampler thread draws."""
+        group = self.objective.source.sampled_group(self.config.rollout.group)
+        return self._dispatch(weights, prompts, group, key, sharding).scored()
+
+    def _step_inputs(self, step: int) -> tuple[Prompts, jax.Array]:
+        """Step `step`'s prompts and sampling key."""
         config = self.config
+        prompts = _step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
+        return prompts, jax.random.fold_in(jax.random.key(config.run.seed), step)
+
+    def rollout_phase(self, step: int) -> StepRollout:
+        """Sample and score the step's prompts, drawn already if the last update drew them.
+
+        With a sampler ahead of the learner (`AheadSampler`), the rollout it drew for the step,
+        each row tagged with the version that sampled it, after queueing the steps up to
+        `--max-staleness` ahead with the current weights.
+        """
+        config = self.config
+        if self.ahead_sampler is not None:
+            self.ahead_sampler.queue(
+                step, config.run.steps, self.step, self.params, self._step_inputs
+            )
+            ahead = self.ahead_sampler.take(step)
+            versions = np.full(len(ahead.rollout.rewards), ahead.version)
+            return StepRollout(
+                ahead.rollout._replace(versions=versions),
+                ahead.prompts,
+                self.prompter,
+                step,
+                config.run.seed,
+                config.rollout.group,
+                ahead.key,
+                self.sample,
+                self.rows,
+            )
         ahead, self.ahead = self.ahead, None
         if ahead is None or not ahead.holds(step, self.params, self.frozen):
             ahead = self._draw_ahead(step)
@@ -421,10 +474,8 @@ class Trainer:
 
     def _draw_ahead(self, step: int) -> _Ahead:
         """Step `step`'s prompts and their completions, dispatched from the current policy."""
-        config = self.config
-        prompts = _step_prompts(self.prompter, config.run.seed, step, config.rollout.prompts)
-        key = jax.random.fold_in(jax.random.key(config.run.seed), step)
-        group = self.objective.source.sampled_group(config.rollout.group)
+        prompts, key = self._step_inputs(step)
+        group = self.objective.source.sampled_group(self.config.rollout.group)
         drawn, reference = self._draw(prompts, group, key)
         return _Ahead(step, self.params, self.frozen, prompts, key, drawn, reference)
 
@@ -499,6 +550,8 @@ class Trainer:
                 self.reference_spec = None
             rollout_s = time.perf_counter() - began
             following = step + 1 if step < self.config.run.steps else None
+            if self.ahead_sampler is not None:  # it draws the next steps already
+                following = None
             metrics = self.update_phase(batch, draw_next=following)
         except (MemoryError, jax.errors.JaxRuntimeError) as error:
             if not _out_of_memory(error):
@@ -572,10 +625,23 @@ class Trainer:
             for callback in self.callbacks:
                 callback.on_end(self)
             self.checkpoints.close()
+            if self.ahead_sampler is not None:
+                self.ahead_sampler.close()
             if self._owns_rollouts:
                 self.rollouts.close()
             self.lock.release()
         return self.log.rows
+
+
+def _warn_uncorrected(config: TrainConfig, objective: Objective) -> None:
+    """Warn when a run samples ahead of its updates with no importance correction in its loss."""
+    staleness = config.asynchronous.max_staleness
+    if staleness and getattr(objective, "tis_cap", None) is None and is_primary():
+        print(
+            f"dew: warning: --max-staleness {staleness} without --tis-cap: the loss does not "
+            "correct for the older weights that sampled; set --tis-cap (2 is common)",
+            file=sys.stderr,
+        )
 
 
 def _check_context(prompter: Prompter, architecture) -> None:
@@ -599,6 +665,8 @@ def _out_of_memory(error: Exception) -> bool:
 
 def _rollout_metrics(rolled: StepRollout) -> dict[str, float]:
     sampled: Rollout = rolled.sampled
+    versions = sampled.versions
+    behind = {} if versions is None else staleness_metrics(versions, rolled.step - 1)
     parts = {
         f"reward/{name}": float(np.nanmean(values))
         for name, values in sampled.reward_parts.items()
@@ -613,6 +681,7 @@ def _rollout_metrics(rolled: StepRollout) -> dict[str, float]:
         "sampler_tokens_per_s": float(sampled.completion_mask.sum()) / sampled.sample_s,
         "prompts_dropped": float(rolled.prompts.dropped),
         **(sampled.metrics or {}),
+        **behind,
     }
 
 

@@ -30,7 +30,7 @@ from dew.options import (
     check_options,
     option,
 )
-from dew.rl import token_mean
+from dew.rl import effective_sample_size, off_policy_diagnostics, token_mean
 from dew.rollout.sources import BatchSource, DynamicSampling, Sampled
 
 __all__ = ["CLIP_LOW", "COVARIANCE", "DELTA", "DUAL_CLIP", "FRACTION", "PolicyGradient"]
@@ -155,6 +155,7 @@ class PolicyGradient:
 
     name: ClassVar[str] = "policy_gradient"
     needs_values: ClassVar[bool] = False
+    off_policy: ClassVar[bool] = True
 
     advantage: Advantage = "group"
     gamma: float = option(1.0, PROBABILITY)
@@ -265,10 +266,12 @@ class PolicyGradient:
         mask = batch.completion_mask
         log_probs = outputs.log_probs
         terms, metrics = TERMS[self.term](self, log_probs, batch)
+        weights = None
         if self.tis_cap is not None:
             weights = CORRECTIONS[self.importance](self, batch)
             terms = terms * weights
             metrics["tis_weight"] = token_mean(weights, mask)
+        metrics |= _off_policy_metrics(batch, weights)
         loss = policy_loss = self.aggregate(terms, mask)
         metrics["policy_loss"] = policy_loss
         if kl_in_loss:
@@ -288,3 +291,31 @@ class PolicyGradient:
             loss = loss - self.entropy_coef * entropy
             metrics["entropy"] = entropy
         return loss, metrics
+
+
+def _off_policy_metrics(batch: Batch, weights: jax.Array | None) -> dict[str, jax.Array]:
+    """How far the sampler's policy is from the trainer's before the update, as `off_policy/*`.
+
+    `kl`: the k1 estimate of KL(sampler || trainer) over the completion tokens
+    (`dew.rl.off_policy_diagnostics`); `ess`: the effective sample size of the importance
+    weights the loss applies (`--tis-cap`), or of the plain ratios `pi_old / pi_behaviour` when
+    it applies none; `masked`: the fraction of completion tokens whose weight is 0. Near 0, 1
+    and 0 on policy; a sampler running ahead (`--max-staleness`) moves them.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from dew.batch import Batch
+      >>> lp = jnp.log(jnp.array([[0.5, 0.25]]))
+      >>> batch = Batch(lp * 0, lp < 0, lp < 0, lp + 0.1, jnp.ones(1), 1, old_log_probs=lp)
+      >>> {k: round(float(v), 3) for k, v in _off_policy_metrics(batch, None).items()}
+      {'off_policy/kl': 0.1, 'off_policy/ess': 1.0, 'off_policy/masked': 0.0}
+    """
+    mask = batch.completion_mask
+    old, behavior = batch.old_log_probs, batch.behavior_log_probs
+    if weights is None:
+        weights = jnp.where(mask, jnp.exp(jnp.clip(old - behavior, -20, 20)), 0.0)
+    return {
+        "off_policy/kl": off_policy_diagnostics(old, behavior, mask)["kl"],
+        "off_policy/ess": effective_sample_size(weights, mask),
+        "off_policy/masked": token_mean((weights == 0).astype(jnp.float32), mask),
+    }

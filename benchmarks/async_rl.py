@@ -1,0 +1,212 @@
+"""Sampling ahead of the learner (`--max-staleness K`): what it learns, and what it buys in time.
+
+Run by hand from the repository root:
+
+    uv run python benchmarks/async_rl.py learning [--seeds N] [--steps S]
+    uv run python benchmarks/async_rl.py throughput [--steps S] [--repeats R]
+
+`learning` trains the digit demo (`dew train`'s defaults: GRPO, reverse, the default model, 32
+prompts x 8, 250 steps) for each seed with K = 0, 1, 2, 4, 8, 16 and the importance correction
+on (`--tis-cap 2`, token-level truncation), and with K = 4, 8, 16 without it, the runs of one seed
+taken in turn. It
+records each run's reward curve, the mean reward of its last 20 steps, its greedy held-out reward
+and the first step whose reward reaches 0.9, and writes `benchmarks/results/async_learning.json`.
+
+`throughput` runs three jobs where overlap can pay, each with K = 0 and K > 0 in turn (R times,
+medians kept), and reports steady steps/s (wall time from the end of step 2 to the last) and
+samples/s:
+
+- `slow environment`: the guessing game of several turns, each `step` of the environment
+  sleeping `--latency` seconds (as a web API would), 16 prompts x 8;
+- `long tail`: the digit demo's untrained policy with `--max-new-tokens 96`: completions end at
+  the stop token, which an untrained policy draws with a geometric tail of lengths;
+- `own devices`: in a child process with two host devices, the digit demo with the sampler on
+  the learner's devices (K = 0, 1) or on a device of its own (`--rollout-devices 1`, K = 0, 1).
+
+Writes `benchmarks/results/async_throughput.json` with the machine's load average (the machine may
+be shared).
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dew.rollout.episode import EpisodeLimits, Episodes
+from dew.tasks.guess import NumberGuess
+from dew.train import TrainConfig
+from dew.train.trainer import Trainer, train
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+LEARNING = [
+    (0, True), (1, True), (2, True), (4, True), (4, False), (8, True), (8, False), (16, True),
+    (16, False),
+]  # fmt: skip
+"""(K, importance correction on) of each `learning` run."""
+
+
+def _machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "jax": importlib.metadata.version("jax"),
+        "load_average": os.getloadavg(),
+    }
+
+
+def _config(staleness: int, corrected: bool, **options) -> TrainConfig:
+    objective = {"tis_cap": 2.0} if corrected else {}
+    config = TrainConfig(objective_options=objective)
+    return config.replace(max_staleness=staleness, checkpoint_every=10_000, **options)
+
+
+def learning(seeds: int, steps: int) -> dict:
+    """Each (K, corrected) run of each seed: its curve, last-20 mean, greedy reward, step to 0.9."""
+    runs = []
+    for seed in range(seeds):
+        for staleness, corrected in LEARNING:
+            with tempfile.TemporaryDirectory() as out:
+                config = _config(staleness, corrected, steps=steps, seed=seed, out=out)
+                result = train(config, quiet=True)
+            curve = [row["reward"] for row in result.history]
+            reached = [row["step"] for row in result.history if row["reward"] >= 0.9]
+            runs.append(
+                {
+                    "staleness": staleness,
+                    "corrected": corrected,
+                    "seed": seed,
+                    "last_20": float(np.mean(curve[-20:])),
+                    "greedy": result.greedy_reward,
+                    "step_to_0.9": reached[0] if reached else None,
+                    "curve": curve,
+                }
+            )
+            print(
+                f"K={staleness} corrected={corrected} seed={seed}: last 20 "
+                f"{runs[-1]['last_20']:.3f}, greedy {result.greedy_reward:.3f}",
+                flush=True,
+            )
+    return {"steps": steps, "seeds": seeds, "runs": runs}
+
+
+class SlowGuess(NumberGuess):
+    """The guessing game whose every turn takes `LATENCY` seconds to answer."""
+
+    LATENCY = 0.05
+
+    def step(self, assistant_message: dict) -> str | None:
+        time.sleep(self.LATENCY)
+        return super().step(assistant_message)
+
+
+def _steady(history: list[dict], rows: int) -> dict[str, float]:
+    """Steps/s and samples/s from the end of step 2 to the last step."""
+    seconds = history[-1]["time"] - history[1]["time"]
+    steps = len(history) - 2
+    return {"steps_per_s": steps / seconds, "samples_per_s": steps * rows / seconds}
+
+
+def _slow_environment(staleness: int, steps: int, out: str) -> dict[str, float]:
+    config = _config(staleness, True, task="guess", environment="dew.tasks.guess:NumberGuess")
+    config = config.replace(steps=steps, prompts=16, group=8, max_turns=4, out=out)
+    config = config.replace(max_episode_tokens=16)
+    limits = EpisodeLimits(max_turns=4, max_episode_tokens=16)
+    rollouts = Episodes(environment=SlowGuess, limits=limits)
+    trainer = Trainer(config, quiet=True, rollouts=rollouts)
+    try:
+        return _steady(trainer.run(), 16 * 8)
+    finally:
+        rollouts.close()
+
+
+def _long_tail(staleness: int, steps: int, out: str) -> dict[str, float]:
+    config = _config(staleness, True, steps=steps, max_new_tokens=96, out=out)
+    return _steady(Trainer(config, quiet=True).run(), 32 * 8)
+
+
+CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from async_rl import _config, _steady
+from dew.train.trainer import Trainer
+staleness, apart, steps, out = map(str, sys.argv[2:6])
+config = _config(int(staleness), True, steps=int(steps), rollout_devices=int(apart), out=out)
+print(json.dumps(_steady(Trainer(config, quiet=True).run(), 32 * 8)))
+"""
+
+
+def _own_devices(staleness: int, apart: int, steps: int, out: str) -> dict[str, float]:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    argv = [str(ROOT / "benchmarks"), str(staleness), str(apart), str(steps), out]
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def throughput(steps: int, repeats: int) -> dict:
+    """Steady steps/s and samples/s of each job's settings, the median of `repeats` runs."""
+    jobs = {
+        ("slow environment", "K=0"): lambda out: _slow_environment(0, steps, out),
+        ("slow environment", "K=1"): lambda out: _slow_environment(1, steps, out),
+        ("slow environment", "K=2"): lambda out: _slow_environment(2, steps, out),
+        ("long tail", "K=0"): lambda out: _long_tail(0, steps, out),
+        ("long tail", "K=1"): lambda out: _long_tail(1, steps, out),
+        ("own devices", "shared, K=0"): lambda out: _own_devices(0, 0, steps, out),
+        ("own devices", "shared, K=1"): lambda out: _own_devices(1, 0, steps, out),
+        ("own devices", "apart, K=0"): lambda out: _own_devices(0, 1, steps, out),
+        ("own devices", "apart, K=1"): lambda out: _own_devices(1, 1, steps, out),
+    }
+    measured: dict = {name: [] for name in jobs}
+    for _ in range(repeats):
+        for name, job in jobs.items():
+            with tempfile.TemporaryDirectory() as out:
+                measured[name].append(job(out))
+            print(name, measured[name][-1], flush=True)
+    rows = []
+    for (job, setting), runs in measured.items():
+        median = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+        rows.append({"job": job, "setting": setting, **median})
+    for row in rows:
+        first = next(r for r in rows if r["job"] == row["job"])
+        row["x_first"] = row["steps_per_s"] / first["steps_per_s"]
+    return {"steps": steps, "repeats": repeats, "latency_s": SlowGuess.LATENCY, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["learning", "throughput"])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    if args.what == "learning":
+        result = learning(args.seeds, args.steps or 250)
+    else:
+        result = throughput(args.steps or 12, args.repeats)
+        print(f"{'job':18} {'setting':12} {'steps/s':>8} {'samples/s':>10} {'x':>6}")
+        for row in result["rows"]:
+            print(
+                f"{row['job']:18} {row['setting']:12} {row['steps_per_s']:>8.3f} "
+                f"{row['samples_per_s']:>10.1f} {row['x_first']:>6.2f}"
+            )
+    result["machine"] = {**_machine(), "load_average_before": load_before}
+    path = RESULTS / f"async_{args.what}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Rollouts sampled ahead of the learner by older weights (`--max-staleness`, `--rollout-devices`).
+
+A version is the step whose update made the weights (0: the initial ones). With staleness `K`,
+step `s` trains on the rollout that version `s - 1 - K` sampled (never older, fresher in a run's
+first `K` steps): before the update of step `s` the trainer hands `AheadSampler.queue` the
+weights of version `s - 1`, which a sampler thread uses to draw step `s + K`'s rollout while the
+learner runs the `K` updates between. The learner waits only when the sampler has fallen `K`
+steps behind; an episode waiting on a slow tool holds the sampler thread, never the update.
+
+The schedule follows the steps, not the clock: two runs with one seed sample each step from the
+same version and train on the same rows. The queue is not checkpointed: a resumed run's first
+`K` steps are sampled by the weights it restored, fresher than the straight run's.
+
+With `--rollout-devices N` the sampler has the last `N` devices: each version's trained weights
+are copied there (`jax.device_put`, as the peers' weight sync), the frozen ones once, and the
+scored batch comes back to the learner's devices. Otherwise it samples on the learner's devices
+from a copy of the weights (the update donates the learner's own).
+"""
+
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from dew.mesh import batch_sharding, param_shardings
+from dew.rollout import Prompts, Rollout
+
+__all__ = ["Ahead", "AheadSampler", "Placement", "staleness_metrics"]
+
+Draw = Callable[[Any, Prompts, jax.Array, jax.sharding.Sharding], Rollout]
+"""`draw(weights, prompts, key, sharding)`: a scored rollout of `prompts` sampled by `weights`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the sampler runs: the learner's mesh, or a mesh of its own (`--rollout-devices`).
+
+    Attributes:
+      learner: the learner's mesh, where each scored batch goes.
+      sampler: the sampler's own mesh, or None to sample on the learner's.
+      frozen: the weights the optimizer never changes, on the sampler's mesh.
+    """
+
+    learner: Mesh
+    sampler: Mesh | None
+    frozen: Any
+
+    @classmethod
+    def of(cls, learner: Mesh, sampler: Mesh | None, frozen) -> "Placement":
+        """A placement whose frozen weights are copied to `sampler` (once), when it is given."""
+        if sampler is not None:
+            frozen = jax.device_put(frozen, param_shardings(frozen, sampler))
+        return cls(learner, sampler, frozen)
+
+    @property
+    def rows(self) -> jax.sharding.Sharding:
+        """The sampler's batch layout."""
+        return batch_sharding(self.sampler or self.learner)
+
+    def weights(self, params) -> Any:
+        """The policy's whole state for the sampler: a copy of `params` beside `frozen`."""
+        if self.sampler is None:
+            copied = jax.tree.map(lambda x: x.copy(), params)
+        else:
+            copied = jax.device_put(params, param_shardings(params, self.sampler))
+        return nnx.to_pure_dict(nnx.merge_state(copied, self.frozen))
+
+    def to_learner(self, rollout: Rollout) -> Rollout:
+        """`rollout` with its batch on the learner's devices."""
+        if self.sampler is None:
+            return rollout
+        return rollout._replace(batch=jax.device_put(rollout.batch, batch_sharding(self.learner)))
+
+
+class Ahead(NamedTuple):
+    """A step's rollout drawn ahead: its prompts, sampling key, the version that sampled it."""
+
+    prompts: Prompts
+    key: jax.Array
+    version: int
+    rollout: Any
+
+
+class _Queued(NamedTuple):
+    prompts: Prompts
+    key: jax.Array
+    version: int
+    rollout: "Future[Rollout]"
+
+
+class AheadSampler:
+    """Steps' rollouts drawn on a sampler thread, up to `staleness` versions ahead of the learner.
+
+    Examples:
+      >>> from dew.mesh import make_mesh
+      >>> def draw(weights, prompts, key, sharding):  # a stand-in: the weights it got
+      ...     return weights
+      >>> sampler = AheadSampler(2, draw, Placement.of(make_mesh(1), None, {}))
+      >>> sampler.queue(1, 10, 0, {"w": np.zeros(1)}, lambda step: (step, None))
+      >>> sorted(sampler.queued)
+      [1, 2, 3]
+      >>> sampler.take(1).version
+      0
+      >>> sampler.queue(2, 10, 1, {"w": np.ones(1)}, lambda step: (step, None))
+      >>> [(a.prompts, a.version, a.rollout["w"]) for a in map(sampler.take, (2, 3, 4))]
+      [(2, 0, array([0.])), (3, 0, array([0.])), (4, 1, array([1.]))]
+      >>> sampler.close()
+    """
+
+    def __init__(self, staleness: int, draw: Draw, placement: Placement):
+        self.staleness = staleness
+        self.placement = placement
+        self._draw = draw
+        self._queued: dict[int, _Queued] = {}
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="dew-sampler")
+
+    @property
+    def queued(self) -> list[int]:
+        """The steps whose rollouts are queued or drawn, not yet taken."""
+        return list(self._queued)
+
+    def queue(
+        self,
+        step: int,
+        last: int,
+        version: int,
+        params,
+        prompts_of: Callable[[int], tuple[Prompts, jax.Array]],
+    ) -> None:
+        """Queue the rollouts of steps `step` to `step + staleness` (to `last`) not queued yet.
+
+        They are sampled by `params`, the trained weights of version `version`;
+        `prompts_of(step)` gives a step's prompts and sampling key.
+        """
+        weights = None
+        for ahead in range(step, min(step + self.staleness, last) + 1):
+            if ahead in self._queued:
+                continue
+            if weights is None:
+                weights = self.placement.weights(params)
+            prompts, key = prompts_of(ahead)
+            rollout = self._thread.submit(self._sample, weights, prompts, key)
+            self._queued[ahead] = _Queued(prompts, key, version, rollout)
+
+    def _sample(self, weights, prompts: Prompts, key: jax.Array) -> Rollout:
+        rollout = self._draw(weights, prompts, key, self.placement.rows)
+        return self.placement.to_learner(rollout)
+
+    def take(self, step: int) -> Ahead:
+        """Step `step`'s rollout, waited for (a failure in the sampler is raised here)."""
+        queued = self._queued.pop(step)
+        return Ahead(queued.prompts, queued.key, queued.version, queued.rollout.result())
+
+    def close(self) -> None:
+        """Drop what is queued and wait for the rollout being drawn, if any."""
+        for queued in self._queued.values():
+            queued.rollout.cancel()
+        self._queued.clear()
+        self._thread.shutdown(wait=True)
+
+
+def staleness_metrics(versions: np.ndarray, learner_version: int) -> dict[str, float]:
+    """The mean and largest number of versions each row's sampling weights trail the learner's.
+
+    Examples:
+      >>> staleness_metrics(np.array([3, 3, 5, 5]), 5)
+      {'staleness_mean': 1.0, 'staleness_max': 2.0}
+    """
+    behind = learner_version - np.asarray(versions)
+    return {"staleness_mean": float(behind.mean()), "staleness_max": float(behind.max())}

@@ -1,0 +1,173 @@
+"""Sampling ahead of the learner: `--max-staleness` and `--rollout-devices`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from dew import cli
+from dew.rollout import SingleTurn, rollout
+from dew.train import TrainConfig
+from dew.train.callbacks import Callback
+from dew.train.trainer import Trainer, _step_prompts
+
+FAST = dict(model="tiny", prompts=2, group=4, lr=1e-2, updates_per_rollout=1, eval_every=0)
+
+
+class _Rollouts(Callback):
+    """Each step's sampled tokens and row versions."""
+
+    def __init__(self):
+        self.tokens, self.versions = {}, {}
+
+    def on_step(self, run, record) -> None:
+        self.tokens[record.step] = record.rollout.tokens
+        self.versions[record.step] = record.rollout.versions
+
+
+def _trainer(tmp_path: Path, name: str, *callbacks, objective_options=None, **options) -> Trainer:
+    config = TrainConfig(objective="grpo", objective_options=objective_options or {})
+    config = config.replace(**{**FAST, "out": str(tmp_path / name), **options})
+    return Trainer(config, callbacks=callbacks, quiet=True)
+
+
+def test_each_step_trains_on_the_rollout_of_the_weights_k_versions_back(tmp_path):
+    seen = _Rollouts()
+    options = {"tis_cap": 2.0}
+    trainer = _trainer(tmp_path, "k2", seen, steps=5, max_staleness=2, objective_options=options)
+    initial = jax.device_get(trainer.policy_params())
+    history = trainer.run()
+    assert [row["staleness_max"] for row in history] == [0, 1, 2, 2, 2]
+    assert [row["staleness_mean"] for row in history] == [0, 1, 2, 2, 2]
+    assert [seen.versions[step][0] for step in range(1, 6)] == [0, 0, 0, 1, 2]
+    assert all(np.isfinite(row["off_policy/kl"]) for row in history)
+    # Steps 1 to 3 were sampled by the initial weights, whatever the updates between did.
+    config = trainer.config.rollout
+    for step in (1, 3):
+        prompts = _step_prompts(trainer.prompter, 0, step, config.prompts)
+        key = jax.random.fold_in(jax.random.key(0), step)
+        again = rollout(trainer.graphdef, initial, trainer.prompter, prompts, config.group, key)
+        assert np.array_equal(again.tokens, seen.tokens[step])
+
+
+def test_a_run_ahead_is_the_same_run_twice_and_not_the_on_policy_run(tmp_path, capsys):
+    runs = [
+        _trainer(tmp_path, name, steps=3, max_staleness=staleness)
+        for name, staleness in (("a", 1), ("b", 1), ("on", 0))
+    ]
+    warned = capsys.readouterr().err
+    assert warned.count("dew: warning: --max-staleness 1 without --tis-cap") == 2, warned
+    for trainer in runs:
+        trainer.run()
+    leaves = [jax.tree.leaves(trainer.params) for trainer in runs]
+    assert all(np.array_equal(a, b) for a, b in zip(leaves[0], leaves[1], strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(leaves[0], leaves[2], strict=True))
+
+
+def test_a_resumed_run_ahead_samples_its_first_steps_from_the_restored_weights(tmp_path):
+    _trainer(tmp_path, "r", steps=2, max_staleness=2).run()
+    seen = _Rollouts()
+    resumed = _trainer(tmp_path, "r", seen, steps=4, max_staleness=2, resume=True)
+    rows = resumed.run()
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert [row["staleness_max"] for row in rows] == [0, 1, 0, 1]
+    assert [seen.versions[step][0] for step in (3, 4)] == [2, 2]
+
+
+def test_a_failing_sampler_stops_the_run_with_its_error(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("sampler broke")
+
+    trainer = _trainer(tmp_path, "f", steps=3, max_staleness=1)
+    monkeypatch.setattr(SingleTurn, "draw", broken)
+    with pytest.raises(RuntimeError, match="sampler broke"):
+        trainer.run()
+    assert trainer.ahead_sampler.queued == []  # closed with the run
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-staleness", "-1"], "--max-staleness must be >= 0, got -1"),
+        (["--rollout-devices", "4"], "--rollout-devices (4) must leave the learner a device, of"),
+        (["--max-staleness", "1", "--objective", "sft"], "--max-staleness 1: objective 'sft'"),
+        (["--max-staleness", "2", "--objective", "ppo"], "--max-staleness 2: objective 'ppo'"),
+        (["--max-staleness", "1", "--objective", "dpo"], "--max-staleness 1: objective 'dpo'"),
+    ],
+    ids=["negative", "too-many-devices", "sft", "ppo", "dpo"],
+)
+def test_what_a_run_ahead_cannot_take_is_one_line_before_anything_runs(
+    capsys, tmp_path, argv, message
+):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--model", "tiny", "--out", str(out), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not out.exists()
+
+
+SCRIPT = r"""
+import json, sys
+import jax, numpy as np
+from dew.train import TrainConfig
+from dew.train.trainer import Trainer
+
+assert len(jax.devices()) == 4, jax.devices()
+runs = {}
+for name, apart in (("shared", 0), ("apart", 2)):
+    config = TrainConfig(objective="grpo", model="tiny").replace(
+        prompts=4, group=4, steps=3, lr=1e-2, updates_per_rollout=1, devices=4,
+        max_staleness=1, rollout_devices=apart, out=f"{sys.argv[1]}/{name}")
+    trainer = Trainer(config, quiet=True)
+    history = trainer.run()
+    runs[name] = {
+        "rewards": [row["reward"] for row in history],
+        "staleness": [row["staleness_max"] for row in history],
+        "params": [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(trainer.params)],
+        "learner": sorted({len(x.sharding.device_set) for x in jax.tree.leaves(trainer.params)}),
+    }
+print(json.dumps(runs))
+"""
+
+
+def test_a_sampler_on_devices_of_its_own_samples_what_the_shared_one_does(tmp_path):
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    shared, apart = runs["shared"], runs["apart"]
+    assert apart["rewards"] == shared["rewards"]  # the same samples, drawn on other devices
+    assert apart["staleness"] == shared["staleness"] == [0, 1, 1]
+    assert shared["learner"] == [4] and apart["learner"] == [2]
+    for a, b in zip(apart["params"], shared["params"], strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+
+
+def test_episodes_go_through_the_sampler_thread_too(tmp_path):
+    from dew.cli import _parse_train
+
+    argv = [
+        *("--objective", "grpo", "--model", "tiny", "--task", "guess", "--max-turns", "3"),
+        *("--environment", "dew.tasks.guess:NumberGuess", "--max-episode-tokens", "12"),
+        *("--steps", "3", "--prompts", "2", "--group", "4", "--max-staleness", "1"),
+        *("--tis-cap", "2", "--out", str(tmp_path)),
+    ]
+    rows = Trainer(_parse_train(argv)[0], quiet=True).run()
+    assert [row["staleness_max"] for row in rows] == [0, 1, 1]
+    assert all(1.0 <= row["turns"] <= 3.0 and np.isfinite(row["loss"]) for row in rows)
