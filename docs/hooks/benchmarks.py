@@ -7,8 +7,9 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
 `<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->`,
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
-`<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->` or
-`<!-- bench: episodes -->`;
+`<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
+`<!-- bench: episodes -->`, `<!-- bench: async_learning -->` or
+`<!-- bench: async_throughput -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -404,6 +405,36 @@ def episodes_table() -> str:
     return markdown_table([header, "median ms", "sampled tokens/s", "x single turn"], rows)
 
 
+def async_learning_table() -> str:
+    """Per (K, correction): the mean and spread over seeds of the last 20 steps and greedy reward."""
+    r = load("async_learning")
+    settings: dict = {}
+    for run in r["runs"]:
+        settings.setdefault((run["staleness"], run["corrected"]), []).append(run)
+    rows = []
+    for (staleness, corrected), runs in settings.items():
+        reached = [run["step_to_0.9"] for run in runs if run["step_to_0.9"] is not None]
+        rows.append([
+            str(staleness), "token TIS, cap 2" if corrected else "none",
+            spread([run["last_20"] for run in runs], ".3f"),
+            spread([run["greedy"] for run in runs], ".3f"),
+            f"{statistics.median(reached):.0f} ({len(reached)} of {len(runs)})" if reached else "-",
+        ])  # fmt: skip
+    header = ["K", "correction", "reward, last 20 steps", "greedy held-out", "step to 0.9"]
+    return markdown_table(header, rows)
+
+
+def async_throughput_table() -> str:
+    """Steady steps/s and samples/s of each job's settings, and the ratio to its first."""
+    r = load("async_throughput")
+    rows = [
+        [row["job"], row["setting"], f"{row['steps_per_s']:.2f}", f"{row['samples_per_s']:.0f}",
+         f"{row['x_first']:.2f}"]
+        for row in r["rows"]
+    ]  # fmt: skip
+    return markdown_table(["job", "setting", "steps/s", "samples/s", "x the job's first"], rows)
+
+
 def expand(match: re.Match) -> str:
     table = match["table"]
     if table == "machine":
@@ -444,6 +475,10 @@ def expand(match: re.Match) -> str:
         return guess_table()
     if table == "episodes":
         return episodes_table()
+    if table == "async_learning":
+        return async_learning_table()
+    if table == "async_throughput":
+        return async_throughput_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
 
 

@@ -6,7 +6,9 @@ is `fold_in(key(seed), s)`, so a resumed run replays the steps it skipped exactl
 trains on), `update` (one compiled function), `evaluate` (every `--eval-every` steps) and `record`
 (the metrics row, handed to the callbacks). The next step's prompts are drawn and its sampler
 dispatched while the update still runs (`_Ahead`): the device takes it up the moment the update
-is done, instead of after the host has recorded the step. A non-finite loss stops the run
+is done, instead of after the host has recorded the step. With `--max-staleness K` (or
+`--rollout-devices`) a sampler thread draws instead, up to `K` versions ahead of the updates
+(`dew.train._pipeline.AheadSampler`). A non-finite loss stops the run
 before its state can be saved, and a reward function that raises stops it with the function and
 sample named: both leave the last checkpoint as it was.
 """
