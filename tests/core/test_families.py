@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 from dew import cli
 from dew._hf_format import config_from_hf
-from dew.hf import load_policy, save_adapters, save_policy
+from dew.hf import load_policy, load_reward_model, save_adapters, save_policy, save_reward_model
 from dew.models import CausalLM
 from dew.models.llama import build
 from dew.models.lora import add_lora
@@ -169,6 +169,32 @@ def test_save_then_reload_gives_the_same_logits_and_config(family, tmp_path):
         raw["model_type"]
         == json.loads((FIXTURES / family / "config.json").read_text())["model_type"]
     )
+
+
+def _numbers(raw: dict, prefix: str = "") -> dict[str, type]:
+    """The JSON number type (int or float) of each number in a `config.json` dict, by key."""
+    found = {}
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            found |= _numbers(value, f"{prefix}{key}.")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            found[prefix + key] = type(value)
+    return found
+
+
+@pytest.mark.parametrize("case", [*CASES, "llama3", "llama3-new", "qwen2", "qwen3", "qwen2-reward"])
+def test_saved_config_numbers_keep_the_int_or_float_type_transformers_wrote(case, tmp_path):
+    """transformers 5 checks each config field's type on loading and refuses a float where it
+    declares an int (Gemma 2/3's `query_pre_attn_scalar` written as `8.0` did not load)."""
+    if case == "qwen2-reward":
+        save_reward_model(load_reward_model(FIXTURES / case), tmp_path)
+    else:
+        save_policy(load_policy(FIXTURES / case), tmp_path)
+    saved = _numbers(json.loads((tmp_path / "config.json").read_text()))
+    source = _numbers(json.loads((FIXTURES / case / "config.json").read_text()))
+    changed = {key: (source[key], saved[key]) for key in source.keys() & saved.keys()}
+    assert {key: types for key, types in changed.items() if types[0] is not types[1]} == {}
+    assert len(changed) >= 8
 
 
 def test_phi3_fused_tensors_split_on_loading_and_join_on_saving(tmp_path):

@@ -136,12 +136,19 @@ def gemma_to_hf(config: ModelConfig) -> dict[str, Any]:
 def gemma2_to_hf(config: ModelConfig) -> dict[str, Any]:
     """The Gemma 2 `config.json` keys beyond the shared ones, read by transformers 4 and 5.
 
+    `query_pre_attn_scalar` is written as an integer when it is whole: transformers 5 types the
+    field `int` and refuses a config whose value is a float (`8.0`).
+
     Examples:
-      >>> gemma2_to_hf(ModelConfig(attn_logit_softcapping=50.0))["attn_logit_softcapping"]
-      50.0
+      >>> fields = gemma2_to_hf(ModelConfig(attn_logit_softcapping=50.0, query_pre_attn_scalar=8.0))
+      >>> fields["attn_logit_softcapping"], fields["query_pre_attn_scalar"]
+      (50.0, 8)
     """
+    scalar = config.query_pre_attn_scalar
+    if scalar is not None and float(scalar).is_integer():
+        scalar = int(scalar)
     return gemma_to_hf(config) | {
-        "query_pre_attn_scalar": config.query_pre_attn_scalar,
+        "query_pre_attn_scalar": scalar,
         "attn_logit_softcapping": config.attn_logit_softcapping,
         "final_logit_softcapping": config.final_logit_softcapping,
         "sliding_window": config.sliding_window,
