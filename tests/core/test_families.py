@@ -268,6 +268,28 @@ def test_grpo_trains_a_gemma2_chat_model_and_samples_from_the_run(capsys, tmp_pa
     assert capsys.readouterr().out.startswith(f"run {out}, step 2, task reverse")
 
 
+@pytest.mark.parametrize("family", ["gemma", "gemma3", "mistral", "phi3"])
+def test_grpo_takes_steps_on_each_other_family(family, tmp_path):
+    """One GRPO run of two steps per family (Gemma 2's is above), on the chat fixture's
+    tokenizer: sampling, the reference pass and the update all run through the family."""
+    from dew.train import TrainConfig
+    from dew.train.trainer import Trainer
+
+    chat = FIXTURES / "qwen2-chat"
+    raw = json.loads((FIXTURES / family / "config.json").read_text()) | {"vocab_size": 400}
+    model = tmp_path / family
+    save_policy(build(config_from_hf(raw, "config.json"), 0), model)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(chat / name, model / name)
+    config = TrainConfig(model=str(model)).replace(
+        steps=2, prompts=2, group=2, max_new_tokens=4, out=str(tmp_path / "run")
+    )
+    rows = Trainer(config, quiet=True).run()
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(np.isfinite(row["loss"]) and row["completion_tokens"] >= 1 for row in rows)
+    assert all(abs(row["off_policy/kl"]) < 1e-4 for row in rows)  # sampler and update agree
+
+
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
     "{{ raise_exception('System role not supported') }}{% endif %}"
