@@ -4,7 +4,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -171,3 +173,27 @@ def test_episodes_go_through_the_sampler_thread_too(tmp_path):
     rows = Trainer(_parse_train(argv)[0], quiet=True).run()
     assert [row["staleness_max"] for row in rows] == [0, 1, 1]
     assert all(1.0 <= row["turns"] <= 3.0 and np.isfinite(row["loss"]) for row in rows)
+
+
+def test_the_rows_environments_step_side_by_side():
+    """A turn waits for its slowest environment, not for the sum: the steps meet at a barrier
+    that sequential steps would never pass."""
+    from dew.rollout.episode import _environment_steps
+
+    barrier = threading.Barrier(3, timeout=30)
+
+    class Meeting:
+        def step(self, message: dict) -> str:
+            barrier.wait()
+            return message["content"]
+
+    def row(environment, text):
+        return SimpleNamespace(
+            environment=environment,
+            episode=SimpleNamespace(messages=[{"role": "assistant", "content": text}]),
+        )
+
+    rows = [row(Meeting(), str(i)) for i in range(3)] + [row(None, "tools")]
+    stepped = _environment_steps(rows)
+    assert [stepped[id(r)].result() for r in rows[:3]] == ["0", "1", "2"]
+    assert id(rows[3]) not in stepped

@@ -22,6 +22,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import jax
@@ -238,6 +239,26 @@ def _bucket(width: int) -> int:
     return max(8, 1 << (max(width, 1) - 1).bit_length())
 
 
+_STEPPING = 256
+"""The most environment steps of one turn run at once, each on a thread of its own."""
+
+
+def _environment_steps(rows) -> dict[int, Future]:
+    """Each row's environment `step` on its last message, run at once on threads, by `id(row)`.
+
+    An episode's environment is its own instance, so the rows' steps run side by side (up to
+    `_STEPPING` at once): a turn waits for the slowest environment, not for the sum of them.
+    """
+    playing = [row for row in rows if row.environment is not None]
+    if not playing:
+        return {}
+    threads = min(len(playing), _STEPPING)
+    with ThreadPoolExecutor(threads, thread_name_prefix="dew-environment") as pool:
+        return {
+            id(row): pool.submit(row.environment.step, row.episode.messages[-1]) for row in playing
+        }
+
+
 @dataclasses.dataclass
 class Episodes:
     """Rollouts of episodes: the tool loop, the environment loop, or both (`Rollouts`).
@@ -433,12 +454,15 @@ class Episodes:
                 submitted.append((turn, calls, run_by.submit(ran) if ran else None))
             else:
                 submitted.append(None)
+        stepped = _environment_steps(
+            [row for (_, row, _), work in zip(pending, submitted, strict=True) if work is None]
+        )
         follows = []
         for (_, row, _), work in zip(pending, submitted, strict=True):
             if work is not None:
                 follows.append(self._tool_follow(prompter, row, *work))
             elif row.environment is not None:
-                observation = row.environment.step(row.episode.messages[-1])
+                observation = stepped[id(row)].result()
                 if observation is None:
                     row.episode.ended = "environment"
                     follows.append(None)
