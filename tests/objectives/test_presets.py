@@ -141,6 +141,8 @@ def test_each_preset_equals_the_objective_it_replaced_bit_for_bit(fixed, name, p
     (loss, metrics), grad = jax.value_and_grad(new, has_aux=True)(lp)
     (want, want_metrics), want_grad = jax.value_and_grad(old, has_aux=True)(lp)
     assert float(loss) == float(want)
+    # The off-policy diagnostics came after the objectives these replaced; they change no number.
+    metrics = {k: v for k, v in metrics.items() if not k.startswith("off_policy/")}
     assert metrics.keys() == want_metrics.keys()
     for key in metrics:
         assert float(metrics[key]) == float(want_metrics[key]), key
