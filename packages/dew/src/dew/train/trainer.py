@@ -84,6 +84,9 @@ __all__ = [
 _EVAL_STREAM = 0xE7A1 << 12
 """Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
 
+_cast = jax.jit(cast_floating, static_argnums=1)
+"""`cast_floating` compiled: a model's weights cast in one call, not one dispatch per leaf."""
+
 
 class TrainingError(RuntimeError):
     """Training stopped: a non-finite loss or a file it could not write; the checkpoints stay."""
@@ -311,6 +314,16 @@ class Trainer:
         """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
         return nnx.to_pure_dict(nnx.merge_state(self.params, self.frozen))
 
+    def sampler_params(self):
+        """The weights a step's rollout samples from: `policy_params` in `--sample-dtype`.
+
+        A float32 run samples from the policy itself; a bfloat16 one from a copy cast in one
+        compiled call, which lives while its rollout is drawn.
+        """
+        params = self.policy_params()
+        dtype = self.config.rollout.sample_dtype
+        return params if dtype == "float32" else _cast(params, dtype)
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds: the trained parameters, the optimizer, a copied reference.
 
@@ -383,7 +396,7 @@ class Trainer:
         options = self.config.rollout
         drawn = self.rollouts.draw(
             self.graphdef,
-            self.policy_params(),
+            self.sampler_params(),
             self.prompter,
             prompts,
             group,
