@@ -2,7 +2,12 @@
 
 Run by hand from the repository root:
 
-    uv run python benchmarks/models.py [--prompt 64] [--new 32] [--batches 1 32]
+    uv run python benchmarks/models.py [--model smollm2] [--prompt 64] [--new 32] [--batches 1 16]
+        [--sample-dtypes float32 bfloat16] [--temperature 0] [--results PATH]
+
+`--model` takes any `--model` name (`default` for the built-in size, whose loading is not
+measured); `--sample-dtypes` the dtypes of the weights decode reads (`--sample-dtype`: a
+bfloat16 copy halves the bytes each step reads, and its roofline is that copy's).
 
 In one run, side by side:
 
@@ -13,14 +18,16 @@ In one run, side by side:
 - prefill tokens/s (`Policy.prefill` over `--prompt` tokens per row) against the compute
   roofline: FLOP/s over the FLOPs per prompt token (2 per weight of every matmul, the logits
   included, plus attention's);
-- decode tokens/s (the sampler's loop, `--new` tokens per row after the prefill) against its
-  roofline: each step reads every weight once, so at batch B a step cannot beat
-  `weight bytes / copy bandwidth`, nor `B x FLOPs per token / FLOP/s`.
+- decode tokens/s (the sampler's loop, `--new` tokens per row after the prefill, drawn at
+  `--temperature`) against its roofline: each step reads every weight once, so at batch B a step
+  cannot beat `weight bytes / copy bandwidth`, nor `B x FLOPs per token / FLOP/s`.
 
-Prints a table and writes `benchmarks/results/models.json`.
+Prints a table and writes `benchmarks/results/models.json` (or `--results`), the load average
+with it.
 """
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -33,12 +40,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dew.hf import load_policy
 from dew.models.registry import resolve_model
 from dew.sampling import sample_state
+from dew.train._precision import cast_floating
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
+MODELS = {"smollm2": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)"}
 
 LOAD = r"""
 import json, resource, sys, time
@@ -93,9 +101,10 @@ def flops_per_token(config, context: int) -> float:
     return 2.0 * (layers * per_layer + hidden * config.vocab_size) + 2.0 * layers * attention
 
 
-def measure(policy, batch: int, prompt: int, new: int, repeats: int) -> dict:
-    """Prefill and decode seconds of `batch` random prompts of `prompt` tokens."""
+def measure(policy, batch: int, prompt: int, new: int, repeats: int, dtype: str, temperature):
+    """Prefill and decode seconds of `batch` random prompts of `prompt` tokens, in `dtype`."""
     graphdef, params = nnx.split(policy)
+    params = cast_floating(params, dtype)
     tokens = jax.random.randint(jax.random.key(0), (batch, prompt), 0, policy.config.vocab_size)
     lengths = jnp.full((batch,), prompt)
 
@@ -107,7 +116,7 @@ def measure(policy, batch: int, prompt: int, new: int, repeats: int) -> dict:
     def generate(steps):
         return sample_state(
             graphdef, params, tokens, lengths, jax.random.key(1), max_new_tokens=steps,
-            temperature=0.0, stop_ids=(), pad_id=0,
+            temperature=temperature, stop_ids=(), pad_id=0,
         ).tokens  # fmt: skip
 
     prefill_s = best_seconds(lambda: prefill(params, tokens), repeats)
@@ -120,27 +129,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
     parser.add_argument("--new", type=int, default=32, help="decoded tokens per row")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="smollm2", help="a --model name")
+    parser.add_argument("--sample-dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--temperature", type=float, default=0.0, help="decode's (0: greedy)")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
-    path = resolve_model("smollm2").path
-    loading = subprocess.run(
-        [sys.executable, "-c", LOAD, str(path)], capture_output=True, text=True, check=True
-    )
-    loading = json.loads(loading.stdout)
-    policy = load_policy(path)
+    source = resolve_model(args.model)
+    loading = None
+    if source.path is not None:
+        loading = subprocess.run(
+            [sys.executable, "-c", LOAD, str(source.path)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        loading = json.loads(loading.stdout)
+    policy = source.policy()
     config = policy.config
     params = jax.tree.leaves(nnx.state(policy, nnx.Param))
     weight_bytes = sum(p.size * p.dtype.itemsize for p in params)
     largest = max(p.size * p.dtype.itemsize for p in params)
+    load_before = os.getloadavg()
     peaks = machine(args.repeats)
     rows = []
-    for batch in args.batches:
-        timed = measure(policy, batch, args.prompt, args.new, args.repeats)
+    for dtype, batch in itertools.product(args.sample_dtypes, args.batches):
+        timed = measure(policy, batch, args.prompt, args.new, args.repeats, dtype, args.temperature)
+        read = sum(p.size * jnp.dtype(dtype).itemsize for p in params)
         prefill_flops = flops_per_token(config, args.prompt / 2)
         decode_flops = flops_per_token(config, args.prompt + args.new / 2)
         step_floor = max(
-            weight_bytes / peaks["copy_bytes_per_s"],
+            read / peaks["copy_bytes_per_s"],
             batch * decode_flops / peaks["matmul_flop_per_s"],
         )
         for phase, tokens, seconds, roofline in (
@@ -150,18 +168,20 @@ def main() -> None:
         ):  # fmt: skip
             rate = tokens / seconds
             rows.append({
-                "phase": phase, "batch": batch, "tokens": tokens, "seconds": seconds,
-                "tokens_per_s": rate, "roofline_tokens_per_s": roofline,
+                "phase": phase, "dtype": dtype, "batch": batch, "tokens": tokens,
+                "seconds": seconds, "tokens_per_s": rate, "roofline_tokens_per_s": roofline,
                 "of_roofline": rate / roofline,
             })  # fmt: skip
     result = {
-        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
+        "model": MODELS.get(args.model, args.model),
+        "temperature": args.temperature,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "prompt_tokens": args.prompt,
         "new_tokens": args.new,
         "parameters": sum(p.size for p in params),
         "weight_bytes": weight_bytes,
         "largest_tensor_bytes": largest,
-        "gguf_file_bytes": path.stat().st_size,
+        "gguf_file_bytes": source.path.stat().st_size if source.path else None,
         "load": loading,
         "machine": {
             **peaks,
@@ -173,21 +193,22 @@ def main() -> None:
         },
         "phases": rows,
     }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
     copy, matmul = peaks["copy_bytes_per_s"] / 1e9, peaks["matmul_flop_per_s"] / 1e9
-    print(f"copy {copy:.2f} GB/s, matmul {matmul:.1f} GFLOP/s")
-    rss, before = loading["peak_rss_mib"], loading["rss_before_mib"]
-    print(
-        f"load {loading['load_s']:.1f} s, peak RSS {rss:.0f} MiB (before {before:.0f} MiB; "
-        f"weights {weight_bytes / 2**20:.0f} MiB)"
-    )
-    print(f"{'phase':8} {'batch':>5} {'tokens/s':>10} {'roofline':>10} {'ratio':>6}")
+    print(f"copy {copy:.2f} GB/s, matmul {matmul:.1f} GFLOP/s, load average {load_before[0]:.1f}")
+    if loading is not None:
+        rss, before = loading["peak_rss_mib"], loading["rss_before_mib"]
+        print(
+            f"load {loading['load_s']:.1f} s, peak RSS {rss:.0f} MiB (before {before:.0f} MiB; "
+            f"weights {weight_bytes / 2**20:.0f} MiB)"
+        )
+    print(f"{'phase':8} {'dtype':9} {'batch':>5} {'tokens/s':>10} {'roofline':>10} {'ratio':>6}")
     for row in rows:
         print(
-            f"{row['phase']:8} {row['batch']:>5} {row['tokens_per_s']:>10.1f} "
+            f"{row['phase']:8} {row['dtype']:9} {row['batch']:>5} {row['tokens_per_s']:>10.1f} "
             f"{row['roofline_tokens_per_s']:>10.1f} {row['of_roofline']:>6.2f}"
         )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->`,
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
-`<!-- bench: episodes -->`, `<!-- bench: async_learning -->` or
-`<!-- bench: async_throughput -->`;
+`<!-- bench: episodes -->`, `<!-- bench: models_default -->`, `<!-- bench: flops -->`,
+`<!-- bench: async_learning -->` or `<!-- bench: async_throughput -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -155,12 +155,13 @@ def smollm2_table(name: str) -> str:
     return markdown_table(header, rows)
 
 
-def models_table() -> str:
-    """SmolLM2's prefill and decode tokens/s at each batch, beside the machine's roofline."""
-    results = load("models")
+def models_table(name: str = "models") -> str:
+    """A model's prefill and decode tokens/s at each batch and weight dtype, beside the roofline."""
+    results = load(name)
     rows = [
         [
             row["phase"],
+            row.get("dtype", "float32"),
             str(row["batch"]),
             f"{row['tokens_per_s']:,.1f}",
             f"{row['roofline_tokens_per_s']:,.1f}",
@@ -168,7 +169,27 @@ def models_table() -> str:
         ]
         for row in results["phases"]
     ]
-    return markdown_table(["phase", "batch", "tokens/s", "roofline tokens/s", "of roofline"], rows)
+    header = ["phase", "weights", "batch", "tokens/s", "roofline tokens/s", "of roofline"]
+    return markdown_table(header, rows)
+
+
+def flops_table() -> str:
+    """The update and its parts: XLA's FLOPs, median ms, FLOP/s and share of the matmul peak."""
+    results = load("flops")
+    rows = [
+        [
+            row["model"],
+            row["part"],
+            row["compute_dtype"],
+            f"{row['flops'] / 1e9:.3g}",
+            f"{1e3 * row['seconds']:.3g}",
+            f"{row['flop_per_s'] / 1e9:.1f}",
+            f"{row['of_peak']:.2f}",
+        ]
+        for row in results["rows"]
+    ]
+    header = ["model", "part", "compute dtype", "GFLOP", "median ms", "GFLOP/s", "of peak"]
+    return markdown_table(header, rows)
 
 
 def processes_table() -> str:
@@ -461,8 +482,10 @@ def expand(match: re.Match) -> str:
         "trl_grpo_preload_seeds_10_19",
     ):
         return trl_grpo_table(table)
-    if table == "models":
-        return models_table()
+    if table in ("models", "models_default"):
+        return models_table(table)
+    if table == "flops":
+        return flops_table()
     if table == "processes":
         return processes_table()
     if table == "memory":

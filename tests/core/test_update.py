@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from dew.batch import Batch
-from dew.models.llama import build
+from dew.models.llama import Policy, build
 from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
 from dew.objective import load_objective
@@ -127,6 +127,23 @@ def test_a_rollouts_shared_prompts_run_once_per_group_with_the_same_numbers(setu
     full = jax.value_and_grad(loss, has_aux=True)(params, batch.replace(shared_prefix=0))
     for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(full), strict=True):  # round-off
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=4e-6 * float(jnp.abs(b).max()))
+
+
+def test_the_states_that_predict_a_shared_prompt_are_not_unembedded(setup, monkeypatch):
+    graphdef, params, batch = setup
+    widths, unembed = [], Policy.unembed
+
+    def recorded(self, states):
+        widths.append(states.shape[1])
+        return unembed(self, states)
+
+    monkeypatch.setattr(Policy, "unembed", recorded)
+    shared = _outputs_of(graphdef, params, batch, False).log_probs
+    full = _outputs_of(graphdef, params, batch.replace(shared_prefix=0), False).log_probs
+    length = batch.tokens.shape[1]
+    assert widths == [length - 1 - (batch.shared_prefix - 1), length - 1]
+    assert not batch.completion_mask[:, : batch.shared_prefix].any()
+    np.testing.assert_allclose(shared, full, atol=2e-6)
 
 
 def test_rollout_fields_are_the_current_policys(setup):

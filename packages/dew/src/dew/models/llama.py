@@ -653,10 +653,14 @@ class Policy(nnx.Module):
     def init_cache(self, batch: int, length: int) -> Cache:
         """An empty KV cache: per layer, keys and values `[batch, length, kv_heads, head_dim]`.
 
-        Stored in the parameters' dtype.
+        Stored in the parameters' dtype (`ModelConfig.dtype`), or in the embeddings' where they
+        are held narrower (a bfloat16 copy of float32 weights, sampled from): keys and values
+        computed from bfloat16 weights are bfloat16, and a wider cache would only hold them
+        at twice the bytes.
         """
         shape = (batch, length, self.config.num_key_value_heads, self.config.dim_per_head)
-        dtype = self.config.param_dtype
+        held = self.embed_tokens.embedding[...].dtype
+        dtype = min(self.config.param_dtype, held, key=lambda dtype: dtype.itemsize)
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
 
     def prefill(self, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:

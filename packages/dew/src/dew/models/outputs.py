@@ -150,17 +150,28 @@ def _predicting_states(
     return model.hidden(tokens[:, :length], cut, remat=remat, group=group, shared=shared)
 
 
-def _log_probs_of_states(model, states, tokens, mask, logit_chunk: int) -> jax.Array:
+def _per_token(model, states, tokens, logit_chunk: int, per_token, skip: int = 0) -> jax.Array:
+    """`[B, T - 1]` `per_token(logits, next_tokens)` of the predicting `states` `[B, T - 1, H]`.
+
+    The first `skip` states are not unembedded (their entries are 0): the caller knows a row's
+    first `skip + 1` tokens are off the mask in every row, so nothing reads what they predict.
+    With `logit_chunk` the logits are made chunk by chunk (`_over_chunks`).
+    """
+    states, tokens = states[:, skip:], tokens[:, skip:]
     if logit_chunk:
-        return _aligned(_over_chunks(model, states, tokens, logit_chunk, _picked), mask)
-    return _aligned(_picked(model.unembed(states), tokens[:, 1:]), mask)
+        out = _over_chunks(model, states, tokens, logit_chunk, per_token)
+    else:
+        out = per_token(model.unembed(states), tokens[:, 1:])
+    return jnp.pad(out, ((0, 0), (skip, 0)))
 
 
-def _entropy_of_states(model, states, tokens, mask, logit_chunk: int) -> jax.Array:
+def _log_probs_of_states(model, states, tokens, mask, logit_chunk: int, skip: int = 0):
+    return _aligned(_per_token(model, states, tokens, logit_chunk, _picked, skip), mask)
+
+
+def _entropy_of_states(model, states, tokens, mask, logit_chunk: int, skip: int = 0):
     """`[B, T]` entropy of the distribution token t was drawn from, aligned as the log-probs."""
-    if logit_chunk:
-        return _aligned(_over_chunks(model, states, tokens, logit_chunk, _entropy), mask)
-    return _aligned(_entropy(model.unembed(states)), mask)
+    return _aligned(_per_token(model, states, tokens, logit_chunk, _entropy, skip), mask)
 
 
 def _values_of_states(model, states, mask) -> jax.Array:
@@ -239,12 +250,17 @@ def policy_outputs(
     remat: bool = False,
     group: int = 1,
     shared: int = 0,
+    unmasked: int = 0,
 ) -> PolicyOutputs:
     """`PolicyOutputs` of `model` on `tokens`: log-probs, values and entropy when asked.
 
     `logit_chunk` and `remat` as in `log_probs`; with `logit_chunk` the entropy is computed
     chunk by chunk too. `shared` > 0 runs the first `shared` positions, the same in each group
     of `group` adjacent rows, once per group (`CausalLM.hidden`); none of them changes the result.
+    `unmasked` > 0 says the first `unmasked` tokens are off `mask` in every row (a rollout's
+    shared prompt, off its completion mask): the states that predict them are not unembedded,
+    so the `[B, unmasked - 1, V]` logits they would take are never made, nor their gradient,
+    the largest part of a pass over a long shared prompt with a large vocabulary.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -257,8 +273,9 @@ def policy_outputs(
     """
     _check_mask(tokens, mask)
     states = _predicting_states(model, tokens, segments, remat=remat, group=group, shared=shared)
+    skip = max(min(unmasked, tokens.shape[1] - 1) - 1, 0)  # the states predicting those tokens
     return PolicyOutputs(
-        _log_probs_of_states(model, states, tokens, mask, logit_chunk),
+        _log_probs_of_states(model, states, tokens, mask, logit_chunk, skip),
         _values_of_states(model, states, mask) if values else None,
-        _entropy_of_states(model, states, tokens, mask, logit_chunk) if entropy else None,
+        _entropy_of_states(model, states, tokens, mask, logit_chunk, skip) if entropy else None,
     )

@@ -44,7 +44,8 @@ class Estimate:
       weights: parameters, gradients, optimizer state and the copied reference.
       logits: the update's float32 log-prob buffers.
       layers: the update's decoder-layer activations.
-      sampler: the rollout's KV cache and prefill logits.
+      sampler: the rollout's KV cache and prefill logits, and the weights' bfloat16 copy
+        with `--sample-dtype bfloat16`.
     """
 
     weights: int
@@ -141,7 +142,10 @@ def estimate(
     layers *= (1.2 if lora.lora_rank else 1.0) * (0.75 if memory.remat and remat_frees else 1.0)
     kv = 2 * model.num_key_value_heads * model.dim_per_head * model.num_hidden_layers
     sampled = -(-config.rollout.prompts * config.rollout.group // devices)
-    sampler = stored * kv * sampled * length + 4 * config.rollout.prompts * width * model.vocab_size
+    copy = 2 * params if config.rollout.sample_dtype == "bfloat16" else 0  # `--sample-dtype`'s
+    cached = 2 if copy else stored
+    sampler = cached * kv * sampled * length + 4 * config.rollout.prompts * width * model.vocab_size
+    sampler += copy
     return Estimate(int(weights), int(logits), int(layers), int(sampler))
 
 

@@ -88,6 +88,10 @@ class RolloutOptions:
       temperature: sampling temperature.
       top_p: nucleus sampling mass.
       kv_cache: sample with a KV cache.
+      sample_dtype: float32 or bfloat16: the dtype of the weights the sampler reads, a copy of
+        the policy cast to it for each step's rollout (with its KV cache in that dtype); the
+        behaviour log-probs are the copy's, so `--tis-cap` (and `--importance`) correct for its
+        difference from the float32 policy the update trains.
     """
 
     prompts: int = option(32, AT_LEAST_ONE)
@@ -95,6 +99,7 @@ class RolloutOptions:
     temperature: float = option(1.0, POSITIVE)
     top_p: float = option(1.0, Range(0, 1, low_open=True))
     kv_cache: bool = True
+    sample_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 @dataclasses.dataclass(frozen=True)

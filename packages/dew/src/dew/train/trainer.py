@@ -88,6 +88,9 @@ __all__ = [
 _EVAL_STREAM = 0xE7A1 << 12
 """Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
 
+_cast = jax.jit(cast_floating, static_argnums=1)
+"""`cast_floating` compiled: a model's weights cast in one call, not one dispatch per leaf."""
+
 
 class TrainingError(RuntimeError):
     """Training stopped: a non-finite loss or a file it could not write; the checkpoints stay."""
@@ -327,6 +330,18 @@ class Trainer:
         """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
         return nnx.to_pure_dict(nnx.merge_state(self.params, self.frozen))
 
+    def sampler_params(self):
+        """The weights a step's rollout samples from: `policy_params` in `--sample-dtype`.
+
+        A float32 run samples from the policy itself; a bfloat16 one from a copy cast in one
+        compiled call, which lives while its rollout is drawn.
+        """
+        return self._in_sample_dtype(self.policy_params())
+
+    def _in_sample_dtype(self, params):
+        dtype = self.config.rollout.sample_dtype
+        return params if dtype == "float32" else _cast(params, dtype)
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds: the trained parameters, the optimizer, a copied reference.
 
@@ -396,7 +411,7 @@ class Trainer:
 
     def _draw(self, prompts, group: int, key: jax.Array, temperature: float | None = None):
         """`sample`'s completions and their reference log-probs (or None), dispatched."""
-        drawn = self._dispatch(self.policy_params(), prompts, group, key, self.rows, temperature)
+        drawn = self._dispatch(self.sampler_params(), prompts, group, key, self.rows, temperature)
         if self.reference_spec is None:
             return drawn, None
         reference = _compiled_reference(self.reference_spec, group, drawn.shared_prefix)
@@ -425,6 +440,7 @@ class Trainer:
     def _sample_with(self, weights, prompts, key: jax.Array, sharding) -> Rollout:
         """A step's scored rollout sampled by `weights`: what the sampler thread draws."""
         group = self.objective.source.sampled_group(self.config.rollout.group)
+        weights = self._in_sample_dtype(weights)
         return self._dispatch(weights, prompts, group, key, sharding).scored()
 
     def _step_inputs(self, step: int) -> tuple[Prompts, jax.Array]:

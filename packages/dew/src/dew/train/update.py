@@ -189,6 +189,7 @@ def _outputs_of(
             remat=memory.remat,
             group=batch.group,
             shared=shared,
+            unmasked=shared,  # a rollout's shared prompt is off its completion mask
         )
 
     if packing is not None:
