@@ -319,11 +319,13 @@ class Episodes:
             padded[index, : len(prompt)] = prompt
         lengths = np.array([len(p) for p in ids], np.int32)
         same = all(ids[g] == ids[g - g % group] for g in range(len(ids)))
+        # With a sharding the rows are sampled where the batch goes: each device its own rows.
+        padded, lengths = jax.device_put((padded, lengths), sharding)
         state = prefill_state(
             graphdef,
             params,
-            jnp.asarray(padded),
-            jnp.asarray(lengths),
+            padded,
+            lengths,
             room=self.limits.max_episode_tokens,
             pad_id=prompter.pad_id,
             kv_cache=kv_cache,
