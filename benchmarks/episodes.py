@@ -12,8 +12,9 @@ sample `T * K` tokens a row (no stop id, so every row draws them all):
   room for the context tokens too, which each decode pass attends over), to tell the cost of
   the wider cache from the cost of the turns;
 - `multi-turn, extended`: `T` turns of `K` tokens each (`continue_state`), with `M` context
-  tokens appended between turns by `extend_state`, the KV cache extended at their positions
-  and never prefilled again, as `dew.rollout.episode.Episodes` runs an episode's turns;
+  tokens appended before each turn after the first (`appended=`, in the same compiled call),
+  the KV cache extended at their positions and never prefilled again, as
+  `dew.rollout.episode.Episodes` runs an episode's turns;
 - `multi-turn, re-prefilled`: the same turns, but each turn's state prefilled again from the
   whole row so far (the cache rebuilt), what a loop that renders the conversation anew pays.
 
@@ -37,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from dew.models.registry import resolve_model
-from dew.sampling import continue_state, extend_state, prefill_state
+from dew.sampling import continue_state, prefill_state
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "episodes.json"
@@ -56,11 +57,9 @@ def extended_turns(graphdef, params, prompts, lengths, key, *, turns, per_turn, 
     observation = jnp.full((len(lengths), context), 5, jnp.int32)
     counts = jnp.full((len(lengths),), context, jnp.int32)
     for turn in range(turns):
-        if turn:
-            state = extend_state(graphdef, params, state, observation, counts)
         state = continue_state(
             graphdef, params, state, jax.random.fold_in(key, turn), max_new_tokens=per_turn,
-            stop_ids=(),
+            stop_ids=(), appended=(observation, counts) if turn else None,
         )  # fmt: skip
     return state
 

@@ -24,6 +24,7 @@ from dew.models.registry import SIZES
 from dew.rewards import Reward
 from dew.rollout import Prompter
 from dew.rollout.episode import EpisodeLimits, Episodes
+from dew.sampling import extend_state
 
 TOOL_CHAT = Path(__file__).resolve().parent / "hf" / "tool-chat"
 SCRIPTED_LOG_PROB = -0.5
@@ -79,7 +80,9 @@ def scripted(monkeypatch, prompter, script):
     taken = [0] * len(script)
     end = prompter.stop_id
 
-    def forced(graphdef, params, state, key, *, max_new_tokens, **_):
+    def forced(graphdef, params, state, key, *, max_new_tokens, appended=None, **_):
+        if appended is not None:  # the context before the turn, fed as the sampler feeds it
+            state = extend_state(graphdef, params, state, *map(jnp.asarray, appended))
         tokens, lengths = np.array(state.tokens), np.array(state.lengths)
         completion, behavior = np.array(state.completion_mask), np.array(state.behavior_log_probs)
         limit, done = np.asarray(state.limit), np.asarray(state.done)
