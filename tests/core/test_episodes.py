@@ -170,12 +170,13 @@ def test_one_call_then_an_answer(policy, tokenizer, monkeypatch):
     )
     (episode,) = rolled.episodes
     assert (episode.turns, episode.tool_calls, episode.ended) == (2, 1, "answer")
-    assert [m["role"] for m in episode.messages] == ["user", "assistant", "tool", "assistant"]
-    assert episode.messages[1]["tool_calls"][0]["function"] == {
+    roles = ["system", "user", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in episode.messages] == roles
+    assert episode.messages[2]["tool_calls"][0]["function"] == {
         "name": "add",
         "arguments": {"a": 3, "b": 4},
     }
-    assert episode.messages[2]["content"] == "7" and episode.final_text == "It is 7."
+    assert episode.messages[3]["content"] == "7" and episode.final_text == "It is 7."
     assert rolled.rewards.tolist() == [1.0]
     (columns,) = task.seen
     assert columns["messages"][0] == episode.messages and columns["answer"] == ["7"]
@@ -195,6 +196,26 @@ def test_one_call_then_an_answer(policy, tokenizer, monkeypatch):
     assert tokens[present].tolist() == rendered[: int(present.sum())]
     assert rolled.batch.attention_mask is not None
     assert rolled.metrics["turns"] == 2.0 and rolled.metrics["context_tokens"] == context.sum()
+
+
+def test_a_template_that_drops_the_tools_gets_them_in_the_system_message(
+    policy, tokenizer, monkeypatch
+):
+    # The fixture's template, as SmolLM2's, renders no tools: the model would never see them.
+    rolled, *_ = play(policy, tokenizer, monkeypatch, [["7"]])
+    system = rolled.episodes[0].messages[0]
+    assert system["role"] == "system" and '"name": "add"' in system["content"]
+    assert "<tool_call>" in system["content"]
+    prompt = rolled.tokens[0][rolled.prompt_mask[0]].tolist()
+    assert '"name": "add"' in tokenizer.decode(prompt)
+
+    class ShowsTools(_Tokenizer):
+        def apply_chat_template(self, messages, add_generation_prompt=False, tools=None):
+            shown = [{"role": "system", "content": json.dumps(tools)}] if tools else []
+            return self.inner.apply_chat_template([*shown, *messages], add_generation_prompt)
+
+    rolled, *_ = play(policy, ShowsTools(tokenizer.inner), monkeypatch, [["7"]])
+    assert [m["role"] for m in rolled.episodes[0].messages] == ["user", "assistant"]
 
 
 def test_parallel_calls_and_every_kind_of_failure_are_answered(policy, tokenizer, monkeypatch):
