@@ -124,6 +124,14 @@ def test_a_turn_with_its_context_appended_in_one_call_is_the_two_calls(model):
     for fused_layer, second_layer in zip(fused.cache, second.cache, strict=True):
         for a, b in zip(fused_layer, second_layer, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-6)  # the slots past 16 kept, as they were
+    # Donated, the state's buffers are the call's: the same turn, the state gone.
+    copy = jax.tree.map(jnp.copy, first)
+    donated = continue_state(
+        graphdef, params, copy, jax.random.key(4), appended=(context, counts), donate=True,
+        **settings,
+    )  # fmt: skip
+    np.testing.assert_array_equal(donated.tokens, fused.tokens)
+    assert copy.tokens.is_deleted() and copy.cache[0][0].is_deleted()
     with pytest.raises(ValueError, match=r"takes tokens \[B, S\] and counts \[B\]"):
         continue_state(
             graphdef, params, first, jax.random.key(4), appended=(context, counts[:2]), **settings

@@ -264,14 +264,16 @@ def _continued(
 def _attended(reach: int, slots: int) -> int | None:
     """The cache slots to attend to when rows reach `reach` tokens; None: all `slots` of them.
 
-    That is `reach` rounded up to a power of two (at least 16, so that few widths are
-    compiled), or None when that is not narrower than the cache.
+    That is `reach` rounded up to a power of two or three quarters of one (at least 16: few
+    widths are compiled, at most two per doubling), or None when that is not narrower than the
+    cache.
 
     Examples:
-      >>> _attended(13, 64), _attended(17, 64), _attended(49, 64)
-      (16, 32, None)
+      >>> _attended(13, 64), _attended(17, 64), _attended(46, 64), _attended(49, 64)
+      (16, 24, 48, None)
     """
-    width = max(16, 1 << (reach - 1).bit_length())
+    power = max(16, 1 << (reach - 1).bit_length())
+    width = 3 * power // 4 if 3 * power // 4 >= max(reach, 16) else power
     return width if width < slots else None
 
 
@@ -388,6 +390,7 @@ def continue_state(
     pad_id: int = 0,
     kv_cache: bool = True,
     appended: tuple[jax.Array, jax.Array] | None = None,
+    donate: bool = False,
 ) -> SamplerState:
     """`state` after each live row drew up to `max_new_tokens` more, stopping at a stop id.
 
@@ -397,8 +400,10 @@ def continue_state(
     `appended=(tokens, counts)` first extends the state by them, as `extend_state` does, in the
     same compiled call: an episode's turn is one call. The call attends to the cache slots its
     rows can reach, not to the room later calls may fill (the longest row, read on the host,
-    plus what the call adds, rounded up to a power of two), so an episode's early turns do not
-    pay for its later ones.
+    plus what the call adds, rounded up to a power of two or three quarters of one), so an
+    episode's early turns do not pay for its later ones. With `donate` the call takes the
+    state's buffers (`state` cannot be read after it) and writes the cache in place instead of
+    copying it first.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -423,11 +428,11 @@ def continue_state(
     settings = (
         max_new_tokens, float(temperature), float(top_p), stop_ids, pad_id, kv_cache, attended
     )  # fmt: skip
-    return _continue_program(graphdef, settings)(params, state, key, appended)
+    return _continue_program(graphdef, settings, donate)(params, state, key, appended)
 
 
 @functools.cache
-def _continue_program(graphdef: nnx.GraphDef, settings: tuple):
+def _continue_program(graphdef: nnx.GraphDef, settings: tuple, donate: bool = False):
     max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache, attended = settings
 
     def run(params, state, key, appended):
@@ -440,7 +445,7 @@ def _continue_program(graphdef: nnx.GraphDef, settings: tuple):
             top_p=top_p, stop_ids=stop_ids, pad_id=pad_id, kv_cache=kv_cache, attended=attended,
         )  # fmt: skip
 
-    return jax.jit(run)
+    return jax.jit(run, donate_argnums=(1,) if donate else ())
 
 
 def _check_appended(state: SamplerState, tokens: jax.Array, counts: jax.Array) -> None:

@@ -343,6 +343,7 @@ class Episodes:
             "stop_ids": _stop_ids(prompter),
             "pad_id": prompter.pad_id,
             "kv_cache": kv_cache,
+            "donate": True,  # each turn's state is read once: its cache is written in place
         }
         appended = None  # the context before the next turn, fed in the same call
         for _ in range(self.limits.max_turns):
