@@ -20,7 +20,6 @@ rollout; the loss mask over the model's own tokens as both.
 """
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -314,9 +313,9 @@ class Episodes:
         began = time.perf_counter()
         examples = [example for example in prompts.examples for _ in range(group)]
         rows = [self._start(prompter, example) for example in examples]
-        in_system = (
-            bool(self.schemas) and prompter.chat and not _shows_tools(prompter, self.schemas)
-        )
+        rendering = _toolkit().messages
+        in_system = bool(self.schemas) and prompter.chat
+        in_system = in_system and not rendering._shows_tools(prompter.tokenizer, self.schemas)
         ids = [self._render_prompt(prompter, row, in_system) for row in rows]
         width = _bucket(max(len(p) for p in ids))
         padded = np.full((len(ids), width), prompter.pad_id, np.int32)
@@ -387,11 +386,7 @@ class Episodes:
         if prompter.system_prompt is not None and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": prompter.system_prompt})
         if tools_in_system:
-            shown = _tools_system(self.schemas)
-            if messages[0]["role"] == "system":
-                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{shown}"}
-            else:
-                messages.insert(0, {"role": "system", "content": shown})
+            messages[:] = _toolkit().messages._with_tools_shown(messages, self.schemas)
         return prompter.continuation(self._render(prompter, messages, True))
 
     def _render(self, prompter: Prompter, messages: list[dict], generation: bool) -> str:
@@ -584,39 +579,6 @@ def _toolkit():
     from dew import tools
 
     return tools
-
-
-def _shows_tools(prompter: Prompter, schemas: list[dict]) -> bool:
-    """Whether the chat template renders tools' schemas (SmolLM2's, among others, drops them)."""
-    probe = [{"role": "user", "content": "hi"}]
-    render = prompter.tokenizer.apply_chat_template
-    return render(probe, add_generation_prompt=True, tools=schemas) != render(
-        probe, add_generation_prompt=True
-    )
-
-
-def _tools_system(schemas: list[dict]) -> str:
-    """A system text that shows the model `schemas` and the Hermes call format.
-
-    For a chat template that does not show tools itself: the words of Qwen2.5's template,
-    whose `<tool_call>` blocks `dew.tools.HermesParser` reads.
-
-    Reference: Qwen2.5-Instruct's `tokenizer_config.json` chat template.
-
-    Examples:
-      >>> text = _tools_system([{"type": "function", "function": {"name": "f"}}])
-      >>> text.splitlines()[0], text.splitlines()[6]
-      ('# Tools', '{"type": "function", "function": {"name": "f"}}')
-    """
-    listed = "\n".join(json.dumps(schema) for schema in schemas)
-    return (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n"
-        f"<tools>\n{listed}\n</tools>\n\n"
-        "For each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
-        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-    )
 
 
 def _environment_reward(row: _Row, completion: str) -> float:
