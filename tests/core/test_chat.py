@@ -136,6 +136,17 @@ def test_chat_runs_the_tool_calls_and_continues_the_answer(monkeypatch, capsys, 
     ]
 
 
+def test_chat_shows_the_tools_to_a_template_that_drops_them(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    seen = _scripted(monkeypatch, ["7"])
+    folder = TOOL_CHAT.with_name("qwen2-chat")  # its template, as SmolLM2's, renders no tools
+    assert cli.main(["chat", "--model", str(folder), "--tool", "chat_tools:add", "3 + 4?"]) == 0
+    ((messages, _),) = seen
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert '"name": "add"' in messages[0]["content"] and "<tool_call>" in messages[0]["content"]
+
+
 def test_chat_with_a_failing_call_tells_the_model_and_goes_on(monkeypatch, capsys, tmp_path):
     (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
     monkeypatch.syspath_prepend(tmp_path)

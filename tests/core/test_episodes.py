@@ -24,6 +24,7 @@ from dew.models.registry import SIZES
 from dew.rewards import Reward
 from dew.rollout import Prompter
 from dew.rollout.episode import EpisodeLimits, Episodes
+from dew.sampling import extend_state
 
 TOOL_CHAT = Path(__file__).resolve().parent / "hf" / "tool-chat"
 SCRIPTED_LOG_PROB = -0.5
@@ -79,7 +80,9 @@ def scripted(monkeypatch, prompter, script):
     taken = [0] * len(script)
     end = prompter.stop_id
 
-    def forced(graphdef, params, state, key, *, max_new_tokens, **_):
+    def forced(graphdef, params, state, key, *, max_new_tokens, appended=None, **_):
+        if appended is not None:  # the context before the turn, fed as the sampler feeds it
+            state = extend_state(graphdef, params, state, *map(jnp.asarray, appended))
         tokens, lengths = np.array(state.tokens), np.array(state.lengths)
         completion, behavior = np.array(state.completion_mask), np.array(state.behavior_log_probs)
         limit, done = np.asarray(state.limit), np.asarray(state.done)
@@ -167,12 +170,13 @@ def test_one_call_then_an_answer(policy, tokenizer, monkeypatch):
     )
     (episode,) = rolled.episodes
     assert (episode.turns, episode.tool_calls, episode.ended) == (2, 1, "answer")
-    assert [m["role"] for m in episode.messages] == ["user", "assistant", "tool", "assistant"]
-    assert episode.messages[1]["tool_calls"][0]["function"] == {
+    roles = ["system", "user", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in episode.messages] == roles
+    assert episode.messages[2]["tool_calls"][0]["function"] == {
         "name": "add",
         "arguments": {"a": 3, "b": 4},
     }
-    assert episode.messages[2]["content"] == "7" and episode.final_text == "It is 7."
+    assert episode.messages[3]["content"] == "7" and episode.final_text == "It is 7."
     assert rolled.rewards.tolist() == [1.0]
     (columns,) = task.seen
     assert columns["messages"][0] == episode.messages and columns["answer"] == ["7"]
@@ -192,6 +196,21 @@ def test_one_call_then_an_answer(policy, tokenizer, monkeypatch):
     assert tokens[present].tolist() == rendered[: int(present.sum())]
     assert rolled.batch.attention_mask is not None
     assert rolled.metrics["turns"] == 2.0 and rolled.metrics["context_tokens"] == context.sum()
+
+
+def test_a_template_that_drops_the_tools_gets_them_in_the_system_message(
+    policy, tokenizer, monkeypatch
+):
+    # The tokenizer here drops the tools as SmolLM2's template does: the model would never see them.
+    rolled, *_ = play(policy, tokenizer, monkeypatch, [["7"]])
+    system = rolled.episodes[0].messages[0]
+    assert system["role"] == "system" and '"name": "add"' in system["content"]
+    assert "<tool_call>" in system["content"]
+    prompt = rolled.tokens[0][rolled.prompt_mask[0]].tolist()
+    assert '"name": "add"' in tokenizer.decode(prompt)
+    # The fixture's own template shows them: no system message is added.
+    rolled, *_ = play(policy, tokenizer.inner, monkeypatch, [["7"]])
+    assert [m["role"] for m in rolled.episodes[0].messages] == ["user", "assistant"]
 
 
 def test_parallel_calls_and_every_kind_of_failure_are_answered(policy, tokenizer, monkeypatch):

@@ -104,3 +104,35 @@ def test_a_row_stops_at_its_limit(model):
     assert state.lengths.tolist() == [7] and bool(state.done[0])
     with pytest.raises(ValueError, match="exceeds the model's context"):
         prefill_state(graphdef, params, jnp.array([[1, 5, 6]]), jnp.array([3]), room=5000)
+
+
+def test_a_turn_with_its_context_appended_in_one_call_is_the_two_calls(model):
+    graphdef, params = nnx.split(model)
+    first, _, second = turns(model)
+    context = jnp.array([[10, 11, 12], [13, 0, 0], [14, 14, 0], [0, 0, 0]])
+    counts = jnp.array([3, 1, 2, 0])
+    settings = {"max_new_tokens": 5, "stop_ids": (STOP,), "pad_id": PAD}
+    # The state is 20 slots wide; this turn reaches at most 8 + 3 + 5, so it attends to 16.
+    assert first.tokens.shape[1] == 20 and int(first.lengths.max()) <= 8
+    fused = continue_state(
+        graphdef, params, first, jax.random.key(4), appended=(context, counts), **settings
+    )
+    np.testing.assert_array_equal(fused.tokens, second.tokens)
+    np.testing.assert_array_equal(fused.lengths, second.lengths)
+    np.testing.assert_array_equal(fused.completion_mask, second.completion_mask)
+    np.testing.assert_allclose(fused.behavior_log_probs, second.behavior_log_probs, atol=1e-6)
+    for fused_layer, second_layer in zip(fused.cache, second.cache, strict=True):
+        for a, b in zip(fused_layer, second_layer, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6)  # the slots past 16 kept, as they were
+    # Donated, the state's buffers are the call's: the same turn, the state gone.
+    copy = jax.tree.map(jnp.copy, first)
+    donated = continue_state(
+        graphdef, params, copy, jax.random.key(4), appended=(context, counts), donate=True,
+        **settings,
+    )  # fmt: skip
+    np.testing.assert_array_equal(donated.tokens, fused.tokens)
+    assert copy.tokens.is_deleted() and copy.cache[0][0].is_deleted()
+    with pytest.raises(ValueError, match=r"takes tokens \[B, S\] and counts \[B\]"):
+        continue_state(
+            graphdef, params, first, jax.random.key(4), appended=(context, counts[:2]), **settings
+        )

@@ -502,12 +502,15 @@ def agent_reply(
       ['assistant']
     """
     from dew.tools import HermesParser, ToolRunner, tool_messages
+    from dew.tools.messages import _shows_tools, _with_tools_shown
 
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, got {max_turns!r}")
     parser, conversation = HermesParser(), list(messages)
     with ToolRunner(tools, timeout=tool_timeout) as runner:
         schemas = runner.schemas or None
+        if schemas and not _shows_tools(tokenizer, schemas):  # SmolLM2's template drops them
+            conversation = _with_tools_shown(conversation, schemas)
         for turn in range(max_turns):
             text = ""
             for piece in chat_reply(

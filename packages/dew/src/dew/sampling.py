@@ -201,15 +201,17 @@ def _prefilled(model, prompts, prompt_lengths, *, room, pad_id, kv_cache, group)
 
 def _continued(
     model, state: SamplerState, key, *, max_new_tokens, temperature, top_p, stop_ids, pad_id,
-    kv_cache,
+    kv_cache, attended=None,
 ) -> SamplerState:  # fmt: skip
     """`state` with up to `max_new_tokens` drawn for each live row, until every row stops.
 
     The loop carries only what a step changes (the prompt mask, the limits and the logits a
     step draws from stay out of it), as lean as the one-turn sampler was before it had a state.
+    With `attended` it decodes over the cache's first `attended` slots alone (`_attended`).
     """
     rows = jnp.arange(state.tokens.shape[0])
     limit = state.limit
+    cache = _head_slots(state.cache, attended)
 
     def draw(logits, tokens, behavior, completion, lengths, done, draws):
         """Write each live row's next token, drawn from `logits`, after its tokens."""
@@ -242,7 +244,7 @@ def _continued(
         state.logits, state.tokens, state.behavior_log_probs, state.completion_mask,
         state.lengths, state.done, state.draws,
     )  # fmt: skip
-    carry = (jnp.int32(1), *first[:4], state.cached, *first[4:], state.cache)
+    carry = (jnp.int32(1), *first[:4], state.cached, *first[4:], cache)
     _, tokens, behavior, completion, lengths, cached, _, draws, cache = jax.lax.while_loop(
         more, step, carry
     )
@@ -251,7 +253,7 @@ def _continued(
         tokens=tokens,
         behavior_log_probs=behavior,
         completion_mask=completion,
-        cache=cache,
+        cache=_with_head_slots(state.cache, cache),
         lengths=lengths,
         cached=cached,
         done=jnp.ones_like(state.done),  # every row stopped or ran out
@@ -259,8 +261,43 @@ def _continued(
     )
 
 
-def _extended(model, state: SamplerState, tokens, counts, *, kv_cache) -> SamplerState:
-    """`state` with `tokens[b, :counts[b]]` appended to each row and fed to the cache."""
+def _attended(reach: int, slots: int) -> int | None:
+    """The cache slots to attend to when rows reach `reach` tokens; None: all `slots` of them.
+
+    That is `reach` rounded up to a power of two or three quarters of one (at least 16: few
+    widths are compiled, at most two per doubling), or None when that is not narrower than the
+    cache.
+
+    Examples:
+      >>> _attended(13, 64), _attended(17, 64), _attended(46, 64), _attended(49, 64)
+      (16, 24, 48, None)
+    """
+    power = max(16, 1 << (reach - 1).bit_length())
+    width = 3 * power // 4 if 3 * power // 4 >= max(reach, 16) else power
+    return width if width < slots else None
+
+
+def _head_slots(cache, attended: int | None):
+    """The cache's first `attended` slots (the whole cache when None)."""
+    if attended is None:
+        return cache
+    return jax.tree.map(lambda whole: whole[:, :attended], cache)
+
+
+def _with_head_slots(cache, head):
+    """`cache` with its first slots replaced by `head`'s."""
+    if head is cache:
+        return cache
+    return jax.tree.map(
+        lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=1), cache, head
+    )
+
+
+def _extended(model, state: SamplerState, tokens, counts, *, kv_cache, attended=None):
+    """`state` with `tokens[b, :counts[b]]` appended to each row and fed to the cache.
+
+    With `attended` the new tokens attend to the cache's first `attended` slots alone.
+    """
     batch, width = state.tokens.shape
     rows = jnp.arange(batch)[:, None]
     new = jnp.arange(tokens.shape[1])[None, :]
@@ -274,8 +311,10 @@ def _extended(model, state: SamplerState, tokens, counts, *, kv_cache) -> Sample
         fed_at = state.cached[:, None] + jnp.arange(tokens.shape[1] + 1)[None, :]
         real = (fed_at < lengths[:, None]) & resumed[:, None]
         fed = all_tokens[rows, jnp.minimum(fed_at, width - 1)]
-        logits, cache = model.extend(fed, jnp.where(real, fed_at, width), state.cache)
-        logits = logits[rows[:, 0], jnp.maximum(lengths - 1 - state.cached, 0)]
+        head = _head_slots(state.cache, attended)
+        logits, head = model.extend(fed, jnp.where(real, fed_at, width), head)
+        logits, cache = logits[rows[:, 0], jnp.maximum(lengths - 1 - state.cached, 0)], head
+        cache = _with_head_slots(state.cache, cache)
     else:
         logits, cache = model(all_tokens)[rows[:, 0], jnp.maximum(lengths - 1, 0)], ()
     return dataclasses.replace(
@@ -350,12 +389,21 @@ def continue_state(
     stop_ids: Sequence[int],
     pad_id: int = 0,
     kv_cache: bool = True,
+    appended: tuple[jax.Array, jax.Array] | None = None,
+    donate: bool = False,
 ) -> SamplerState:
     """`state` after each live row drew up to `max_new_tokens` more, stopping at a stop id.
 
     A row stops at one of `stop_ids`, at its `limit`, or after `max_new_tokens`; rows already
     done draw nothing, and every row is done after the call. A row's stop token waits in the
     row, not yet fed to the cache, until `extend_state` feeds it with what follows it.
+    `appended=(tokens, counts)` first extends the state by them, as `extend_state` does, in the
+    same compiled call: an episode's turn is one call. The call attends to the cache slots its
+    rows can reach, not to the room later calls may fill (the longest row, read on the host,
+    plus what the call adds, rounded up to a power of two or three quarters of one), so an
+    episode's early turns do not pay for its later ones. With `donate` the call takes the
+    state's buffers (`state` cannot be read after it) and writes the cache in place instead of
+    copying it first.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -369,24 +417,44 @@ def continue_state(
     """
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    reach = max_new_tokens
+    if appended is not None:
+        _check_appended(state, *appended)
+        reach += int(jnp.max(appended[1]))
+    attended = None
+    if kv_cache:
+        attended = _attended(int(jnp.max(state.lengths)) + reach, state.tokens.shape[1])
     stop_ids = tuple(int(s) for s in stop_ids)
-    settings = (max_new_tokens, float(temperature), float(top_p), stop_ids, pad_id, kv_cache)
-    return _continue_program(graphdef, settings)(params, state, key)
+    settings = (
+        max_new_tokens, float(temperature), float(top_p), stop_ids, pad_id, kv_cache, attended
+    )  # fmt: skip
+    return _continue_program(graphdef, settings, donate)(params, state, key, appended)
 
 
 @functools.cache
-def _continue_program(graphdef: nnx.GraphDef, settings: tuple):
-    max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache = settings
+def _continue_program(graphdef: nnx.GraphDef, settings: tuple, donate: bool = False):
+    max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache, attended = settings
 
-    def run(params, state, key):
+    def run(params, state, key, appended):
         count_trace("continue_state")
         model = nnx.merge(graphdef, params)
+        if appended is not None:
+            state = _extended(model, state, *appended, kv_cache=kv_cache, attended=attended)
         return _continued(
             model, state, key, max_new_tokens=max_new_tokens, temperature=temperature,
-            top_p=top_p, stop_ids=stop_ids, pad_id=pad_id, kv_cache=kv_cache,
+            top_p=top_p, stop_ids=stop_ids, pad_id=pad_id, kv_cache=kv_cache, attended=attended,
         )  # fmt: skip
 
-    return jax.jit(run)
+    return jax.jit(run, donate_argnums=(1,) if donate else ())
+
+
+def _check_appended(state: SamplerState, tokens: jax.Array, counts: jax.Array) -> None:
+    rows = len(state.lengths)
+    if tokens.ndim != 2 or counts.shape != (rows,) or tokens.shape[0] != rows:
+        raise ValueError(
+            f"extend_state takes tokens [B, S] and counts [B] for the state's {rows} rows, got "
+            f"{tokens.shape} and {counts.shape}"
+        )
 
 
 def extend_state(
@@ -416,12 +484,7 @@ def extend_state(
       >>> state.tokens.tolist(), state.lengths.tolist()
       ([[1, 5, 7, 8, 0], [1, 6, 0, 0, 0]], [4, 2])
     """
-    rows = len(state.lengths)
-    if tokens.ndim != 2 or counts.shape != (rows,) or tokens.shape[0] != rows:
-        raise ValueError(
-            f"extend_state takes tokens [B, S] and counts [B] for the state's {rows} rows, got "
-            f"{tokens.shape} and {counts.shape}"
-        )
+    _check_appended(state, tokens, counts)
     return _extend_program(graphdef, kv_cache)(params, state, tokens, counts)
 
 

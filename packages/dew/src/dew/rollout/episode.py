@@ -5,9 +5,10 @@ template's end of turn, or EOS) with `dew.sampling.continue_state`; the host the
 row's turn for tool calls (a `ToolCallParser`, Hermes by default), runs them on a `ToolRunner`'s
 thread pool with a time limit per call, or hands the turn to the row's environment, and renders
 what comes back as the tokens the chat template appends (`dew.tools.appended_tokens`). Those
-tokens extend the sampler's state (`dew.sampling.extend_state`, the KV cache extended at their
-positions, never re-prefilled) and the next turn continues. Rows finish at different turns: a
-turn without calls, an environment that answers None, or a cap.
+tokens extend the sampler's state (the KV cache extended at their positions, never re-prefilled)
+in the same compiled call that samples the next turn (`continue_state(..., appended=...)`).
+Rows finish at different turns: a turn without calls, an environment that answers None, or a
+cap.
 
 The row that reaches the trainer holds the prompt, the turns, and the context between them; only
 the sampled tokens are trained (`Batch.completion_mask`), the context is only present
@@ -337,18 +338,23 @@ class Episodes:
         began = time.perf_counter()
         examples = [example for example in prompts.examples for _ in range(group)]
         rows = [self._start(prompter, example) for example in examples]
-        ids = [self._render_prompt(prompter, row) for row in rows]
+        rendering = _toolkit().messages
+        in_system = bool(self.schemas) and prompter.chat
+        in_system = in_system and not rendering._shows_tools(prompter.tokenizer, self.schemas)
+        ids = [self._render_prompt(prompter, row, in_system) for row in rows]
         width = _bucket(max(len(p) for p in ids))
         padded = np.full((len(ids), width), prompter.pad_id, np.int32)
         for index, prompt in enumerate(ids):
             padded[index, : len(prompt)] = prompt
         lengths = np.array([len(p) for p in ids], np.int32)
         same = all(ids[g] == ids[g - g % group] for g in range(len(ids)))
+        # With a sharding the rows are sampled where the batch goes: each device its own rows.
+        padded, lengths = jax.device_put((padded, lengths), sharding)
         state = prefill_state(
             graphdef,
             params,
-            jnp.asarray(padded),
-            jnp.asarray(lengths),
+            padded,
+            lengths,
             room=self.limits.max_episode_tokens,
             pad_id=prompter.pad_id,
             kv_cache=kv_cache,
@@ -361,14 +367,20 @@ class Episodes:
             "stop_ids": _stop_ids(prompter),
             "pad_id": prompter.pad_id,
             "kv_cache": kv_cache,
+            "donate": True,  # each turn's state is read once: its cache is written in place
         }
+        appended = None  # the context before the next turn, fed in the same call
         for _ in range(self.limits.max_turns):
             start = np.asarray(state.lengths)
-            state = continue_state(graphdef, params, state, key, **sampling)
+            if appended is not None:
+                start = start + np.asarray(appended[1])
+            state = continue_state(graphdef, params, state, key, appended=appended, **sampling)
             observations = self._turn(prompter, rows, state, start)
-            if not any(observations):
+            appended = _appended(observations, prompter.pad_id) if any(observations) else None
+            if appended is None:
                 break
-            state = self._extend(graphdef, params, state, observations, prompter.pad_id, kv_cache)
+        if appended is not None:  # the turns ran out: the last context is held, never sampled
+            state = extend_state(graphdef, params, state, *appended, kv_cache=kv_cache)
         for row in rows:
             if not row.done:
                 row.done, row.episode.ended = True, "turns"
@@ -387,13 +399,19 @@ class Episodes:
         runner = self._episode_runner(environment) if self.environment_tools else None
         return _Row(example, _as_messages(environment.reset(**columns)), environment, runner)
 
-    def _render_prompt(self, prompter: Prompter, row: _Row) -> list[int]:
-        """The prompt's ids: the chat template's render (with the tools' schemas), or the text."""
+    def _render_prompt(self, prompter: Prompter, row: _Row, tools_in_system: bool) -> list[int]:
+        """The prompt's ids: the chat template's render (with the tools' schemas), or the text.
+
+        With `tools_in_system` (a template that does not show tools) the schemas and the Hermes
+        call format are written into the system message, after the system prompt if any.
+        """
         messages = row.episode.messages
         if not prompter.chat:
             return prompter.tokenizer.encode(messages[0]["content"])
         if prompter.system_prompt is not None and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": prompter.system_prompt})
+        if tools_in_system:
+            messages[:] = _toolkit().messages._with_tools_shown(messages, self.schemas)
         return prompter.continuation(self._render(prompter, messages, True))
 
     def _render(self, prompter: Prompter, messages: list[dict], generation: bool) -> str:
@@ -525,15 +543,6 @@ class Episodes:
         )
         return [*closing[last + 1 :], *appended]
 
-    def _extend(self, graphdef, params, state, observations, pad_id, kv_cache) -> SamplerState:
-        counts = np.array([len(o) for o in observations], np.int32)
-        padded = np.full((len(observations), _bucket(int(counts.max()))), pad_id, np.int32)
-        for index, ids in enumerate(observations):
-            padded[index, : len(ids)] = ids
-        return extend_state(
-            graphdef, params, state, jnp.asarray(padded), jnp.asarray(counts), kv_cache=kv_cache
-        )
-
     def _scored(self, prompter, rows, state, group, sharding, same, began) -> Rollout:
         """The rows' `Rollout`: their final turns and conversations scored, the batch placed."""
         host = jax.device_get(state)
@@ -615,6 +624,21 @@ def _stop_ids(prompter: Prompter) -> tuple[int, ...]:
     """The ids that end a turn: the template's end of turn, and EOS when it is another token."""
     eos = prompter.tokenizer.eos_token_id
     return tuple(dict.fromkeys(i for i in (prompter.stop_id, eos) if i is not None))
+
+
+def _appended(observations: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ids padded to a bucketed width `[B, S]`, and their counts `[B]`.
+
+    Examples:
+      >>> tokens, counts = _appended([[7, 8], []], 0)
+      >>> tokens.shape, counts.tolist()
+      ((2, 8), [2, 0])
+    """
+    counts = np.array([len(ids) for ids in observations], np.int32)
+    padded = np.full((len(observations), _bucket(int(counts.max()))), pad_id, np.int32)
+    for index, ids in enumerate(observations):
+        padded[index, : len(ids)] = ids
+    return padded, counts
 
 
 def _samples(rollout: Rollout) -> Samples:

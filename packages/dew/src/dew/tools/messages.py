@@ -1,5 +1,6 @@
 """Tool results back into the conversation: `tool` messages and the tokens the template adds."""
 
+import json
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -110,3 +111,52 @@ def closing_tokens(tokenizer: "Tokenizer") -> list[int]:
     turn = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
     rendered = tokenizer.apply_chat_template(turn)
     return _text_ids(tokenizer, rendered[rendered.rindex(marker) + len(marker) :])[1:]
+
+
+def _shows_tools(tokenizer: "Tokenizer", schemas: list[dict]) -> bool:
+    """Whether the chat template renders tools' schemas (SmolLM2's, among others, drops them)."""
+    probe = [{"role": "user", "content": "hi"}]
+    render = tokenizer.apply_chat_template
+    return render(probe, add_generation_prompt=True, tools=schemas) != render(
+        probe, add_generation_prompt=True
+    )
+
+
+def _with_tools_shown(messages: list[dict], schemas: list[dict]) -> list[dict]:
+    """`messages` with `schemas` and the Hermes call format shown in their system message.
+
+    Appended to the first message when it is a system message, else a system message first;
+    for a chat template that does not show tools itself (`_shows_tools`).
+
+    Examples:
+      >>> shown = _with_tools_shown([{"role": "user", "content": "hi"}], [{"name": "f"}])
+      >>> [m["role"] for m in shown], '{"name": "f"}' in shown[0]["content"]
+      (['system', 'user'], True)
+    """
+    text = _tools_system(schemas)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _tools_system(schemas: list[dict]) -> str:
+    """A system text that shows the model `schemas` and the Hermes call format.
+
+    The words of Qwen2.5's template, whose `<tool_call>` blocks `HermesParser` reads.
+
+    Reference: Qwen2.5-Instruct's `tokenizer_config.json` chat template.
+
+    Examples:
+      >>> text = _tools_system([{"type": "function", "function": {"name": "f"}}])
+      >>> text.splitlines()[0], text.splitlines()[6]
+      ('# Tools', '{"type": "function", "function": {"name": "f"}}')
+    """
+    listed = "\n".join(json.dumps(schema) for schema in schemas)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
