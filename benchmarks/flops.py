@@ -47,11 +47,11 @@ from flax import nnx
 
 from dew.batch import Batch
 from dew.models.llama import ModelConfig, build
+from dew.models.outputs import policy_outputs
 from dew.models.registry import SIZES
 from dew.objective import load_objective
-from dew.rollout.generate import _shared_prefix
 from dew.train.config import TrainConfig
-from dew.train.update import UpdateSpec, _outputs_of, make_update, optimizer
+from dew.train.update import UpdateSpec, make_update, optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "flops.json"
@@ -108,8 +108,14 @@ def random_batch(vocab: int, rows: int, group: int, prompt: int, completion, len
         jnp.asarray(rng.random(rows), jnp.float32),
         group,
         ref_log_probs=behavior,
-        shared_prefix=_shared_prefix(prompt_mask, group),
+        shared_prefix=prompt if prompt <= 8 else prompt - prompt % 8,  # as a rollout buckets it
     )
+
+
+def _cast(params, dtype: str):
+    """`params` with every floating array in `dtype`."""
+    floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+    return jax.tree.map(lambda x: x.astype(dtype) if floating(x) else x, params)
 
 
 def parts(config: ModelConfig, batch: Batch, compute_dtype: str):
@@ -129,8 +135,17 @@ def parts(config: ModelConfig, batch: Batch, compute_dtype: str):
     opt_state = tx.init(params)
     reference = jax.tree.map(jnp.copy, params)
 
-    def forward(params):
-        return _outputs_of(graphdef, params, batch, False, compute_dtype=compute_dtype).log_probs
+    def forward(params):  # the update's pass: weights in compute_dtype, the shared prompt once
+        model = nnx.merge(graphdef, _cast(params, compute_dtype))
+        shared = batch.shared_prefix
+        return policy_outputs(
+            model,
+            batch.tokens,
+            batch.completion_mask,
+            group=batch.group,
+            shared=shared,
+            unmasked=shared,
+        ).log_probs
 
     def summed(params):
         return jnp.sum(jnp.where(batch.completion_mask, forward(params), 0.0))

@@ -42,7 +42,6 @@ from flax import nnx
 
 from dew.models.registry import resolve_model
 from dew.sampling import sample_state
-from dew.train._precision import cast_floating
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
@@ -104,7 +103,9 @@ def flops_per_token(config, context: int) -> float:
 def measure(policy, batch: int, prompt: int, new: int, repeats: int, dtype: str, temperature):
     """Prefill and decode seconds of `batch` random prompts of `prompt` tokens, in `dtype`."""
     graphdef, params = nnx.split(policy)
-    params = cast_floating(params, dtype)
+    params = jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+    )
     tokens = jax.random.randint(jax.random.key(0), (batch, prompt), 0, policy.config.vocab_size)
     lengths = jnp.full((batch,), prompt)
 
