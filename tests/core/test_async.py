@@ -197,3 +197,15 @@ def test_the_rows_environments_step_side_by_side():
     stepped = _environment_steps(rows)
     assert [stepped[id(r)].result() for r in rows[:3]] == ["0", "1", "2"]
     assert id(rows[3]) not in stepped
+
+
+def test_the_memory_check_counts_the_weights_a_sampler_ahead_holds():
+    from dew.models.registry import SIZES
+    from dew.train._memory import estimate, parameter_count
+
+    def sampler(**options):
+        return estimate(SIZES["tiny"], TrainConfig().replace(**options), 5, 4).sampler
+
+    held = sampler(max_staleness=3) - sampler()
+    assert held == 3 * 4 * parameter_count(SIZES["tiny"])
+    assert sampler(max_staleness=3, rollout_devices=1) == sampler()  # on the sampler's devices

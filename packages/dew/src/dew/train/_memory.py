@@ -44,8 +44,9 @@ class Estimate:
       weights: parameters, gradients, optimizer state and the copied reference.
       logits: the update's float32 log-prob buffers.
       layers: the update's decoder-layer activations.
-      sampler: the rollout's KV cache and prefill logits, and the weights' bfloat16 copy
-        with `--sample-dtype bfloat16`.
+      sampler: the rollout's KV cache and prefill logits, the weights' copy with
+        `--sample-dtype bfloat16`, and the copies of the trained weights a sampler ahead of the
+        learner holds (`--max-staleness`).
     """
 
     weights: int
@@ -123,8 +124,8 @@ def estimate(
     params = parameter_count(model)
     stored = 2 if config.precision.param_dtype == "bfloat16" else 4
     lora, memory = config.lora, config.memory
+    trained = _lora_count(model, lora.lora_rank, lora.modules) if lora.lora_rank else params
     if lora.lora_rank:
-        trained = _lora_count(model, lora.lora_rank, lora.modules)
         weights = stored * params + 16 * trained
     else:
         weights = 16 * params + stored * params  # f32 weights, gradients, 2 moments, reference
@@ -146,6 +147,8 @@ def estimate(
     cached = 2 if copy else stored
     sampler = cached * kv * sampled * length + 4 * config.rollout.prompts * width * model.vocab_size
     sampler += copy
+    if not config.asynchronous.rollout_devices:  # queued steps' copies of the trained weights
+        sampler += 4 * trained * config.asynchronous.max_staleness
     return Estimate(int(weights), int(logits), int(layers), int(sampler))
 
 
