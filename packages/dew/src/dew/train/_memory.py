@@ -125,10 +125,9 @@ def estimate(
     stored = 2 if config.precision.param_dtype == "bfloat16" else 4
     lora, memory = config.lora, config.memory
     trained = _lora_count(model, lora.lora_rank, lora.modules) if lora.lora_rank else params
-    if lora.lora_rank:
-        weights = stored * params + 16 * trained
-    else:
-        weights = 16 * params + stored * params  # f32 weights, gradients, 2 moments, reference
+    # The trained weights in float32 with their gradients and two moments; beside them, in
+    # --param-dtype, the frozen base (LoRA) or the copied reference (full fine-tuning).
+    weights = stored * params + 16 * trained
     if config.mesh.fsdp:
         weights //= devices
     rows = rows or config.rollout.prompts * config.rollout.group
