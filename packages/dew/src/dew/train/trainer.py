@@ -456,28 +456,19 @@ class Trainer:
         each row tagged with the version that sampled it, after queueing the steps up to
         `--max-staleness` ahead with the current weights.
         """
-        config = self.config
         if self.ahead_sampler is not None:
             self.ahead_sampler.queue(
-                step, config.run.steps, self.step, self.params, self._step_inputs
+                step, self.config.run.steps, self.step, self.params, self._step_inputs
             )
             ahead = self.ahead_sampler.take(step)
             versions = np.full(len(ahead.rollout.rewards), ahead.version)
-            return StepRollout(
-                ahead.rollout._replace(versions=versions),
-                ahead.prompts,
-                self.prompter,
-                step,
-                config.run.seed,
-                config.rollout.group,
-                ahead.key,
-                self.sample,
-                self.rows,
-            )
-        ahead, self.ahead = self.ahead, None
-        if ahead is None or not ahead.holds(step, self.params, self.frozen):
-            ahead = self._draw_ahead(step)
-        sampled = _scored(ahead.drawn, ahead.reference)
+            sampled = ahead.rollout._replace(versions=versions)
+        else:
+            ahead, self.ahead = self.ahead, None
+            if ahead is None or not ahead.holds(step, self.params, self.frozen):
+                ahead = self._draw_ahead(step)
+            sampled = _scored(ahead.drawn, ahead.reference)
+        config = self.config
         return StepRollout(
             sampled,
             ahead.prompts,
