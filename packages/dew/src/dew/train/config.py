@@ -268,10 +268,10 @@ class AsyncOptions:
     """Sampling ahead of the learner: rollouts of older weights, and where the sampler runs.
 
     Attributes:
-      max_staleness: policy versions the sampler runs ahead of the learner: step s trains on a
-        rollout the weights after step s-1-K sampled, drawn while the K updates between ran
-        (0: each step samples with the weights of the update just before it). Needs an
-        objective that corrects for the sampling policy (--tis-cap).
+      max_staleness: K, the policy versions the sampler runs ahead of the learner: step s
+        trains on the rollout the weights after step s-1-K sampled, drawn while the K updates
+        between ran (0: each step samples with the weights of the update just before it); for
+        objectives that correct for the sampling policy (with --tis-cap).
       rollout_devices: devices set apart for the sampler, the last ones of the run's; the
         weights are copied to them after each update (0: the sampler shares the training
         devices).
