@@ -14,7 +14,8 @@ same version and train on the same rows. The queue is not checkpointed: a resume
 With `--rollout-devices N` the sampler has the last `N` devices: each version's trained weights
 are copied there (`jax.device_put`, as the peers' weight sync), the frozen ones once, and the
 scored batch comes back to the learner's devices. Otherwise it samples on the learner's devices
-from a copy of the weights (the update donates the learner's own).
+from a copy of the weights (the update donates the learner's own). With `--sample-dtype
+bfloat16` the copy is the cast one: the frozen weights are cast once, the trained ones per version.
 """
 
 import dataclasses
@@ -29,6 +30,7 @@ from jax.sharding import Mesh
 
 from dew.mesh import batch_sharding, param_shardings
 from dew.rollout import Prompts, Rollout
+from dew.train._precision import cast_compiled
 
 __all__ = ["Ahead", "AheadSampler", "Placement", "staleness_metrics"]
 
@@ -43,19 +45,23 @@ class Placement:
     Attributes:
       learner: the learner's mesh, where each scored batch goes.
       sampler: the sampler's own mesh, or None to sample on the learner's.
-      frozen: the weights the optimizer never changes, on the sampler's mesh.
+      frozen: the weights the optimizer never changes, in `dtype`, on the sampler's mesh.
+      dtype: the dtype the sampler's weights are in (`--sample-dtype`).
     """
 
     learner: Mesh
     sampler: Mesh | None
     frozen: Any
+    dtype: str = "float32"
 
     @classmethod
-    def of(cls, learner: Mesh, sampler: Mesh | None, frozen) -> "Placement":
-        """A placement whose frozen weights are copied to `sampler` (once), when it is given."""
+    def of(cls, learner: Mesh, sampler: Mesh | None, frozen, dtype: str = "float32"):
+        """A placement whose frozen weights are cast to `dtype` and put on `sampler`, once."""
+        if dtype != "float32":
+            frozen = cast_compiled(frozen, dtype)
         if sampler is not None:
             frozen = jax.device_put(frozen, param_shardings(frozen, sampler))
-        return cls(learner, sampler, frozen)
+        return cls(learner, sampler, frozen, dtype)
 
     @property
     def rows(self) -> jax.sharding.Sharding:
@@ -63,11 +69,19 @@ class Placement:
         return batch_sharding(self.sampler or self.learner)
 
     def weights(self, params) -> Any:
-        """The policy's whole state for the sampler: a copy of `params` beside `frozen`."""
-        if self.sampler is None:
+        """The policy's whole state for the sampler: a copy of `params` beside `frozen`.
+
+        The copy is the cast one in a narrower `dtype` (new arrays either way, which the
+        update's donation of `params` leaves alone).
+        """
+        if self.dtype != "float32":
+            copied = cast_compiled(params, self.dtype)
+        elif self.sampler is None:
             copied = jax.tree.map(lambda x: x.copy(), params)
         else:
-            copied = jax.device_put(params, param_shardings(params, self.sampler))
+            copied = params
+        if self.sampler is not None:
+            copied = jax.device_put(copied, param_shardings(copied, self.sampler))
         return nnx.to_pure_dict(nnx.merge_state(copied, self.frozen))
 
     def to_learner(self, rollout: Rollout) -> Rollout:

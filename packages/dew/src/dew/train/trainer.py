@@ -44,7 +44,7 @@ from dew.train._folder import RunLock, check_folder, resume_changes, run_record
 from dew.train._heap import release_freed, settle, unsettle
 from dew.train._memory import check_memory
 from dew.train._pipeline import AheadSampler, Placement, staleness_metrics
-from dew.train._precision import cast_floating
+from dew.train._precision import cast_compiled, cast_floating
 from dew.train.callbacks import (
     Callback,
     Checkpointing,
@@ -87,9 +87,6 @@ __all__ = [
 
 _EVAL_STREAM = 0xE7A1 << 12
 """Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
-
-_cast = jax.jit(cast_floating, static_argnums=1)
-"""`cast_floating` compiled: a model's weights cast in one call, not one dispatch per leaf."""
 
 
 class TrainingError(RuntimeError):
@@ -186,8 +183,7 @@ class Trainer:
         validate(config, self.objective)
         _warn_uncorrected(config, self.objective)
         _check_context(self.prompter, architecture)
-        devices = config.mesh.devices or len(jax.devices())
-        devices -= config.asynchronous.rollout_devices  # the learner's
+        devices = _learner_devices(config)
         width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
         rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
         check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
@@ -274,8 +270,7 @@ class Trainer:
         its own base with the adapters at zero.
         """
         config = self.config
-        apart = config.asynchronous.rollout_devices
-        learner = (config.mesh.devices or len(jax.devices())) - apart
+        apart, learner = config.asynchronous.rollout_devices, _learner_devices(config)
         self.mesh = make_mesh(learner)
         self.rows = batch_sharding(self.mesh)
         lora = config.lora
@@ -321,7 +316,7 @@ class Trainer:
         if config.asynchronous.max_staleness or apart:
             self.reference_spec = None  # the update runs the reference pass on the rows it takes
             sampler = make_mesh(apart, learner) if apart else None
-            placement = Placement.of(self.mesh, sampler, self.frozen)
+            placement = Placement.of(self.mesh, sampler, self.frozen, config.rollout.sample_dtype)
             self.ahead_sampler = AheadSampler(
                 config.asynchronous.max_staleness, self._sample_with, placement
             )
@@ -336,11 +331,9 @@ class Trainer:
         A float32 run samples from the policy itself; a bfloat16 one from a copy cast in one
         compiled call, which lives while its rollout is drawn.
         """
-        return self._in_sample_dtype(self.policy_params())
-
-    def _in_sample_dtype(self, params):
+        params = self.policy_params()
         dtype = self.config.rollout.sample_dtype
-        return params if dtype == "float32" else _cast(params, dtype)
+        return params if dtype == "float32" else cast_compiled(params, dtype)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds: the trained parameters, the optimizer, a copied reference.
@@ -440,7 +433,6 @@ class Trainer:
     def _sample_with(self, weights, prompts, key: jax.Array, sharding) -> Rollout:
         """A step's scored rollout sampled by `weights`: what the sampler thread draws."""
         group = self.objective.source.sampled_group(self.config.rollout.group)
-        weights = self._in_sample_dtype(weights)
         return self._dispatch(weights, prompts, group, key, sharding).scored()
 
     def _step_inputs(self, step: int) -> tuple[Prompts, jax.Array]:
@@ -640,6 +632,11 @@ class Trainer:
                 self.rollouts.close()
             self.lock.release()
         return self.log.rows
+
+
+def _learner_devices(config: TrainConfig) -> int:
+    """The devices the learner trains on: the run's, less those set apart for the sampler."""
+    return (config.mesh.devices or len(jax.devices())) - config.asynchronous.rollout_devices
 
 
 def _warn_uncorrected(config: TrainConfig, objective: Objective) -> None:
