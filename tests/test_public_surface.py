@@ -44,7 +44,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.compile_cache": {"KeptProgram", "default_cache_dir", "program_identity"},
     "dew.distributed": {
         "ENVIRONMENT", "HEARTBEAT_S", "ProcessError", "barrier", "Processes", "is_primary", "join",
-        "processes_from",
+        "processes_from", "post", "collect", "TRANSFER_ADDRESS",
     },
     "dew.evaluation": set(),
     "dew.hf": {

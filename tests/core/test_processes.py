@@ -138,6 +138,46 @@ def test_resume_continues_from_the_last_checkpoint_with_fsdp_over_processes(kill
     _same_rows(rows[: len(expected)], expected[: len(rows)])
 
 
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> dict:
+    """Runs sampling a step ahead on a device of their own: a second process's, or the same one's.
+
+    The two-process run then resumes for a fourth step.
+    """
+    root = tmp_path_factory.mktemp("split")
+    ahead = [*TRAIN, "--max-staleness", "1", "--rollout-devices", "1", "--tis-cap", "2"]
+    launch = ["launch", "--processes", "2", "--"]
+    started = {
+        "one": _dew([*ahead, "--steps", "3", "--out", str(root / "one")], 2),
+        "two": _dew([*launch, *ahead, "--steps", "3", "--out", str(root / "two")], 1),
+    }
+    for name, process in started.items():
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, f"{name}: {err[-3000:]}"
+    resumed = _dew([*launch, *ahead, "--steps", "4", "--resume", "--out", str(root / "two")], 1)
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    return {"one": root / "one", "two": root / "two"}
+
+
+def test_a_sampler_of_its_own_process_samples_what_one_on_a_device_of_its_own_does(split):
+    rows = _rows(split["two"])
+    _same_rows(rows[:3], _rows(split["one"]))
+    # The resumed step samples from the weights it restored (the queue is not checkpointed).
+    assert [row["staleness_max"] for row in rows] == [0, 1, 1, 0]
+    assert (
+        (split["two"] / "samples.jsonl")
+        .read_text()
+        .startswith((split["one"] / "samples.jsonl").read_text())
+    )
+
+
+def test_a_run_with_a_sampler_process_resumes_from_its_last_checkpoint(split):
+    assert [row["step"] for row in _rows(split["two"])] == [1, 2, 3, 4]
+    saved = sorted(int(p.name) for p in (split["two"] / "checkpoints").iterdir())
+    assert saved == [3, 4]
+
+
 def _free_port() -> int:
     from dew._launch import free_port
 

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from dew.distributed import TRANSFER_ADDRESS
+
 _POLL_S = 0.2
 _STOP_S = 10.0
 """Seconds a stopped process has to finish (its checkpoint in flight) before it is killed."""
@@ -67,19 +69,24 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def process_environment(count: int, index: int, port: int) -> dict[str, str]:
+def process_environment(count: int, index: int, port: int, transfers: int) -> dict[str, str]:
     """The environment of process `index` of `count` joined through the coordinator on `port`.
 
+    The process serves the cross-host copies of its arrays on port `transfers`.
+
     Examples:
-      >>> env = process_environment(2, 1, 1234)
+      >>> env = process_environment(2, 1, 1234, 1240)
       >>> env["JAX_COORDINATOR_ADDRESS"], env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]
       ('127.0.0.1:1234', '2', '1')
+      >>> env["JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS"]
+      '127.0.0.1:1240'
     """
     return {
         **os.environ,
         "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
         "JAX_NUM_PROCESSES": str(count),
         "JAX_PROCESS_ID": str(index),
+        TRANSFER_ADDRESS: f"127.0.0.1:{transfers}",
         "DEW_LAUNCHER_PID": str(os.getpid()),
     }
 
@@ -116,7 +123,7 @@ def launch(count: int, argv: list[str]) -> int:
             processes.append(
                 subprocess.Popen(
                     [sys.executable, "-c", _RUN, *argv],
-                    env=process_environment(count, index, port),
+                    env=process_environment(count, index, port, free_port()),
                     stdout=subprocess.DEVNULL if quiet else None,
                     stderr=errors[index].open("w") if quiet else None,
                 )

@@ -20,11 +20,14 @@ from collections.abc import Mapping
 __all__ = [
     "ENVIRONMENT",
     "HEARTBEAT_S",
+    "TRANSFER_ADDRESS",
     "ProcessError",
     "Processes",
     "barrier",
+    "collect",
     "is_primary",
     "join",
+    "post",
     "processes_from",
 ]
 
@@ -34,6 +37,10 @@ ENVIRONMENT = {
     "process_id": "JAX_PROCESS_ID",
 }
 """The environment variable each setting is read from when its flag is not given."""
+TRANSFER_ADDRESS = "JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS"
+"""The environment variable `join` sets JAX's `jax_cross_host_transfer_socket_address` from:
+the `HOST:PORT` this process serves its arrays' cross-host copies on (a sampler's weights,
+`--rollout-devices`)."""
 
 HEARTBEAT_S = 20
 """Seconds without a heartbeat after which a process counts as dead and the run stops."""
@@ -41,6 +48,11 @@ _CONNECT_S = 120
 """Seconds every process has to reach the coordinator (imports and start-up included)."""
 _SHUTDOWN_S = 20
 """Seconds a finishing process waits for the others at the exit barrier."""
+_CHUNK = 1 << 20
+"""Bytes per value `post` stores: the coordinator's messages stay well below gRPC's 4 MiB."""
+_WAIT_MS = 60_000
+"""Milliseconds `collect` waits at a time; it waits again until the value comes (a process
+that died ends the run through the heartbeat, never this wait)."""
 
 
 class ProcessError(ValueError):
@@ -132,7 +144,9 @@ def _flag(name: str) -> str:
 def join(processes: Processes) -> None:
     """Join the multi-process run `processes` through `jax.distributed.initialize`.
 
-    Call it before any JAX computation. On CPU the collectives between processes run over Gloo;
+    Call it before any JAX computation. With `TRANSFER_ADDRESS` in the environment, arrays can
+    be copied between processes' devices (`jax.device_put`). On CPU the collectives between
+    processes run over Gloo;
     each process keeps the devices JAX gives it (on a host of CPUs,
     `XLA_FLAGS=--xla_force_host_platform_device_count=N` gives each N).
 
@@ -144,6 +158,8 @@ def join(processes: Processes) -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if os.environ.get(TRANSFER_ADDRESS):
+        jax.config.update("jax_cross_host_transfer_socket_address", os.environ[TRANSFER_ADDRESS])
     jax.distributed.initialize(
         processes.coordinator_address,
         processes.num_processes,
@@ -177,3 +193,55 @@ def barrier(name: str) -> None:
 
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def post(key: str, value: object) -> None:
+    """Store `value` under `key` in the run's coordinator, for one process to `collect`.
+
+    The value is pickled and stored in pieces of `_CHUNK` bytes in the key-value store of
+    JAX's distributed runtime (the coordinator's, which Orbax's multi-process saves use too).
+
+    Examples:
+      >>> import jax
+      >>> if jax.process_count() > 1:  # process 0 tells the others, which `collect` it
+      ...     if jax.process_index() == 0:
+      ...         post("dew/example", {"step": 3})
+    """
+    import pickle
+
+    from orbax.checkpoint import multihost
+
+    client = multihost.get_jax_distributed_client()
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    pieces = range(0, max(len(data), 1), _CHUNK)
+    for index, start in enumerate(pieces):
+        client.key_value_set_bytes(f"{key}/{index}", data[start : start + _CHUNK])
+    client.key_value_set(f"{key}/pieces", str(len(pieces)))
+
+
+def collect(key: str) -> object:
+    """The value another process `post`ed under `key`, waited for, then removed from the store.
+
+    Examples:
+      >>> import jax
+      >>> if jax.process_count() > 1 and jax.process_index() > 0:
+      ...     step = collect("dew/example")["step"]
+    """
+    import pickle
+
+    import jax
+    from orbax.checkpoint import multihost
+
+    client = multihost.get_jax_distributed_client()
+    while True:
+        try:
+            pieces = int(client.blocking_key_value_get(f"{key}/pieces", _WAIT_MS))
+            break
+        except jax.errors.JaxRuntimeError as error:
+            if "DEADLINE_EXCEEDED" not in str(error):
+                raise
+    data = b"".join(
+        client.blocking_key_value_get_bytes(f"{key}/{index}", _WAIT_MS) for index in range(pieces)
+    )
+    client.key_value_delete(f"{key}/")
+    return pickle.loads(data)

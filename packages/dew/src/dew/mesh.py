@@ -134,10 +134,12 @@ def assemble(local, sharding: jax.sharding.Sharding | None, rows: int) -> jax.Ar
 
 
 def gather_rows(tree, sharding: jax.sharding.Sharding | None):
-    """`tree`'s NumPy arrays of this process's rows, joined with every other process's in order.
+    """`tree`'s NumPy arrays of this process's rows, joined with the other processes' in order.
 
-    The rows are `process_rows(sharding, ...)`; unchanged when this process holds them all. The
-    bytes travel as they are: a float64 array stays float64, though JAX (without x64) holds none.
+    The rows are `process_rows(sharding, ...)`; the processes are those of `sharding`'s devices
+    (a run's sampler may have processes of its own). Unchanged when this process holds all the
+    rows. The bytes travel as they are: a float64 array stays float64, though JAX (without x64)
+    holds none.
 
     Examples:
       >>> gather_rows({"rewards": np.array([0.1, 0.2])}, None)
@@ -145,23 +147,33 @@ def gather_rows(tree, sharding: jax.sharding.Sharding | None):
     """
     if sharding is None or sharding.is_fully_addressable:
         return tree
+    processes = len({device.process_index for device in sharding.device_set})
 
     def gather(x):
         x = np.ascontiguousarray(x)
         words = x.reshape(len(x), -1).view(np.uint32)
-        joined = np.asarray(multihost_utils.process_allgather(words, tiled=True))
-        return joined.view(x.dtype).reshape(-1, *x.shape[1:])
+        spread = jax.make_array_from_process_local_data(
+            sharding, words, (processes * len(words), words.shape[1])
+        )
+        return _host_copy(spread).view(x.dtype).reshape(-1, *x.shape[1:])
 
     return jax.tree.map(gather, tree)
 
 
+def _host_copy(x):
+    """`x` as a NumPy array; gathered from the processes of its own devices when not all here."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
 def to_host(tree):
-    """`tree`'s arrays as NumPy arrays, gathered from every process when there are several.
+    """`tree`'s arrays as NumPy arrays, each gathered from the processes of its own devices.
 
     Examples:
       >>> to_host({"x": jax.numpy.arange(3)})
       {'x': array([0, 1, 2], dtype=int32)}
     """
     if jax.process_count() > 1:
-        return multihost_utils.process_allgather(tree, tiled=True)
+        return jax.tree.map(_host_copy, tree)
     return jax.device_get(tree)

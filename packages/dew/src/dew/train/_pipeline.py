@@ -16,6 +16,12 @@ are copied there (`jax.device_put`, as the peers' weight sync), the frozen ones 
 scored batch comes back to the learner's devices. Otherwise it samples on the learner's devices
 from a copy of the weights (the update donates the learner's own). With `--sample-dtype
 bfloat16` the copy is the cast one: the frozen weights are cast once, the trained ones per version.
+
+In a run of several processes (`dew launch`) the sampler's devices are whole processes', the last
+ones: those run `serve` and the others learn. The weights reach the sampler's processes by JAX's
+cross-host `jax.device_put`, each version in the order both sides queue it; each scored rollout
+goes back through the key-value store of JAX's distributed runtime (`dew.distributed.post`), its
+batch on the host, and the learner puts it on its own devices (`RemoteSampler`).
 """
 
 import dataclasses
@@ -28,11 +34,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from dew.mesh import batch_sharding, param_shardings
+from dew.distributed import collect, post
+from dew.mesh import batch_sharding, param_shardings, to_host
 from dew.rollout import Prompts, Rollout
 from dew.train._precision import cast_compiled
 
-__all__ = ["Ahead", "AheadSampler", "Placement", "staleness_metrics"]
+__all__ = ["Ahead", "AheadSampler", "Placement", "RemoteSampler", "serve", "staleness_metrics"]
 
 Draw = Callable[[Any, Prompts, jax.Array, jax.sharding.Sharding], Rollout]
 """`draw(weights, prompts, key, sharding)`: a scored rollout of `prompts` sampled by `weights`."""
@@ -56,11 +63,11 @@ class Placement:
 
     @classmethod
     def of(cls, learner: Mesh, sampler: Mesh | None, frozen, dtype: str = "float32"):
-        """A placement whose frozen weights are cast to `dtype` and put on `sampler`, once."""
-        if dtype != "float32":
-            frozen = cast_compiled(frozen, dtype)
+        """A placement whose frozen weights are put on `sampler` and cast to `dtype`, once."""
         if sampler is not None:
             frozen = jax.device_put(frozen, param_shardings(frozen, sampler))
+        if dtype != "float32" and _holds(sampler or learner):
+            frozen = cast_compiled(frozen, dtype)
         return cls(learner, sampler, frozen, dtype)
 
     @property
@@ -68,27 +75,53 @@ class Placement:
         """The sampler's batch layout."""
         return batch_sharding(self.sampler or self.learner)
 
+    @property
+    def serves(self) -> bool:
+        """Whether this process samples for learner processes (it holds no learner device)."""
+        return not _holds(self.learner)
+
+    @property
+    def remote(self) -> bool:
+        """Whether this process learns from rollouts other processes sample."""
+        return self.sampler is not None and not _holds(self.sampler)
+
     def weights(self, params) -> Any:
         """The policy's whole state for the sampler: a copy of `params` beside `frozen`.
 
-        The copy is the cast one in a narrower `dtype` (new arrays either way, which the
-        update's donation of `params` leaves alone).
+        The copy is a new array either way, which the update's donation of `params` leaves
+        alone: on the sampler's devices, cast there to a narrower `dtype`, or on the learner's.
+        A learner process whose sampler is another's sends a copy of its own and returns that
+        copy: the update would donate `params` while the transfer still reads them, and the
+        copy must live until the rollout it samples comes back.
         """
-        if self.dtype != "float32":
-            copied = cast_compiled(params, self.dtype)
-        elif self.sampler is None:
+        if self.remote:
             copied = jax.tree.map(lambda x: x.copy(), params)
+            jax.device_put(copied, param_shardings(copied, self.sampler))
+        elif self.sampler is not None:
+            copied = jax.device_put(params, param_shardings(params, self.sampler))
+            if self.dtype != "float32":
+                copied = cast_compiled(copied, self.dtype)
+        elif self.dtype != "float32":
+            copied = cast_compiled(params, self.dtype)
         else:
-            copied = params
-        if self.sampler is not None:
-            copied = jax.device_put(copied, param_shardings(copied, self.sampler))
+            copied = jax.tree.map(lambda x: x.copy(), params)
         return nnx.to_pure_dict(nnx.merge_state(copied, self.frozen))
 
-    def to_learner(self, rollout: Rollout) -> Rollout:
-        """`rollout` with its batch on the learner's devices."""
+    def handed(self, rollout: Rollout) -> Rollout:
+        """`rollout` as the learner takes it: its batch on the learner's devices.
+
+        On the host instead when this process holds none of them (it `post`s the rollout).
+        """
         if self.sampler is None:
             return rollout
+        if self.serves:
+            return rollout._replace(batch=to_host(rollout.batch))
         return rollout._replace(batch=jax.device_put(rollout.batch, batch_sharding(self.learner)))
+
+
+def _holds(mesh: Mesh) -> bool:
+    """Whether this process holds any of `mesh`'s devices."""
+    return any(device.process_index == jax.process_index() for device in mesh.devices.flat)
 
 
 class Ahead(NamedTuple):
@@ -158,12 +191,16 @@ class AheadSampler:
             if weights is None:
                 weights = self.placement.weights(params)
             prompts, key = prompts_of(ahead)
-            rollout = self._thread.submit(self._sample, weights, prompts, key)
+            rollout = self._submit(ahead, weights, prompts, key)
             self._queued[ahead] = _Queued(prompts, key, version, rollout)
+
+    def _submit(self, step: int, weights, prompts: Prompts, key: jax.Array) -> "Future[Rollout]":
+        """Step `step`'s rollout, drawn on the sampler thread."""
+        return self._thread.submit(self._sample, weights, prompts, key)
 
     def _sample(self, weights, prompts: Prompts, key: jax.Array) -> Rollout:
         rollout = self._draw(weights, prompts, key, self.placement.rows)
-        return self.placement.to_learner(rollout)
+        return self.placement.handed(rollout)
 
     def take(self, step: int) -> Ahead:
         """Step `step`'s rollout, waited for (a failure in the sampler is raised here)."""
@@ -176,6 +213,34 @@ class AheadSampler:
             queued.rollout.cancel()
         self._queued.clear()
         self._thread.shutdown(wait=True)
+
+
+class RemoteSampler(AheadSampler):
+    """An `AheadSampler` whose rollouts other processes draw (`serve`): what a learner runs.
+
+    Queueing a step sends the weights that sample it when the sampler's processes need them,
+    in the order they `serve`; each rollout is collected from the coordinator as it comes.
+    """
+
+    def _submit(self, step: int, weights, prompts: Prompts, key: jax.Array) -> "Future[Rollout]":
+        return self._thread.submit(lambda: self.placement.handed(collect(_posted(step))))
+
+
+def serve(sampler: AheadSampler, first: int, last: int, params, prompts_of) -> None:
+    """Draw steps `first` to `last`'s rollouts for the learner processes: a sampler process's run.
+
+    `sampler` follows the learner's schedule (`AheadSampler.queue` of each step with the
+    version before it), so each version's weights are received (`params`, the learner's
+    arrays, which this process holds none of) as the learner sends them; each rollout is posted
+    as soon as it is scored.
+    """
+    for step in range(first, last + 1):
+        sampler.queue(step, last, step - 1, params, prompts_of)
+        post(_posted(step), sampler.take(step).rollout)
+
+
+def _posted(step: int) -> str:
+    return f"dew/rollout/{step}"
 
 
 def staleness_metrics(versions: np.ndarray, learner_version: int) -> dict[str, float]:

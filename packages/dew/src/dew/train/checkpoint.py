@@ -212,12 +212,19 @@ def _reraised(record: logging.LogRecord) -> bool:
 
 
 class Checkpoints:
-    """The checkpoints of one run folder, `directory` (created now), keeping the latest `keep`."""
+    """The checkpoints of one run folder, `directory` (created now), keeping the latest `keep`.
 
-    def __init__(self, directory: str | Path, keep: int = 3):
+    In a run of several processes, `processes` are those that save and restore (the learner's,
+    when a sampler has processes of its own); None: all of them.
+    """
+
+    def __init__(
+        self, directory: str | Path, keep: int = 3, processes: frozenset[int] | None = None
+    ):
         self.directory = Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+        self.processes = processes
         self.writing: _Writing | None = None
 
     @functools.cached_property
@@ -225,7 +232,12 @@ class Checkpoints:
         """The Orbax manager of `directory`, made at its first use."""
         ocp = _orbax()
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=self.keep, create=True, enable_async_checkpointing=False
+            max_to_keep=self.keep,
+            create=self.processes is None,  # Orbax leaves a subset's folder to its caller's
+            enable_async_checkpointing=False,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                active_processes=None if self.processes is None else set(self.processes)
+            ),
         )
         return ocp.CheckpointManager(self.directory, options=options)
 
@@ -252,13 +264,13 @@ class Checkpoints:
         (`jax.device_get`; on a CPU a view the run's next update cannot overwrite), then a thread
         of their own writes them, and the run goes on; `wait` finishes the save and raises what
         stopped it. The thread keeps the interpreter alive until the files are whole, so a run
-        that stops, Ctrl-C included, leaves the save complete. In a run of several processes,
+        that stops, Ctrl-C included, leaves the save complete. In a run of several processes
         each holding part of an array, the save is written before this returns, Ctrl-C and
         SIGTERM waiting until it is (`_interrupts_deferred`).
         """
         self.wait()
         write = functools.partial(_write, self.manager)  # the manager made on this thread
-        if jax.process_count() > 1:
+        if not all(leaf.is_fully_addressable for leaf in jax.tree.leaves(state)):
             with _interrupts_deferred():
                 write(step, state)
             return

@@ -750,6 +750,41 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
             raise ConfigError(f"{flag} ({training}) must divide the {what} ({count})")
 
 
+def _check_rollout_processes(staleness: int, apart: int, fsdp: bool) -> None:
+    """`ConfigError` unless a multi-process run's sampler, if any, has processes of its own.
+
+    The sampler's devices must be whole processes' (the last ones), which the weights reach
+    through JAX's cross-host transfers (`jax_cross_host_transfer_socket_address`, set by
+    `dew launch`).
+    """
+    if staleness and not apart:
+        raise ConfigError(
+            f"--max-staleness {staleness} in a run of {jax.process_count()} processes needs "
+            "--rollout-devices: the sampler runs on processes of its own there"
+        )
+    if not apart:
+        return
+    if fsdp:
+        raise ConfigError(
+            "--fsdp with --rollout-devices in a run of several processes: the learner's "
+            "weights are copied to the sampler's processes whole; drop one of them"
+        )
+    devices = jax.devices()
+    sampler = {device.process_index for device in devices[-apart:]}
+    if sampler & {device.process_index for device in devices[:-apart]}:
+        each = jax.local_device_count()
+        raise ConfigError(
+            f"--rollout-devices ({apart}) must be whole processes' devices in a run of "
+            f"{jax.process_count()} processes of {each} devices: use a multiple of {each}"
+        )
+    if not jax.config.read("jax_cross_host_transfer_socket_address"):
+        raise ConfigError(
+            f"--rollout-devices ({apart}) in a run of several processes needs "
+            "JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS (HOST:PORT this process serves the weights' "
+            "copies on); dew launch sets it"
+        )
+
+
 def _check_async(config: TrainConfig, objective: Objective, devices: int) -> None:
     """`ConfigError` for `--max-staleness` or `--rollout-devices` the run cannot take.
 
@@ -777,11 +812,8 @@ def _check_async(config: TrainConfig, objective: Objective, devices: int) -> Non
         raise ConfigError(
             f"--rollout-devices ({apart}) must leave the learner a device, of {devices}"
         )
-    if (staleness or apart) and jax.process_count() > 1:
-        raise ConfigError(
-            "--max-staleness and --rollout-devices run in one process; a run of "
-            f"{jax.process_count()} processes (dew launch) takes neither"
-        )
+    if jax.process_count() > 1:
+        _check_rollout_processes(staleness, apart, config.mesh.fsdp)
     if apart and config.rollout.prompts % apart:
         raise ConfigError(
             f"--rollout-devices ({apart}) must divide --prompts ({config.rollout.prompts})"

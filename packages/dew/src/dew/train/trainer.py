@@ -30,7 +30,7 @@ from rich.console import Console
 from dew._model_checks import check_context
 from dew.batch import Batch
 from dew.compile_cache import _preload
-from dew.distributed import barrier, is_primary
+from dew.distributed import barrier, collect, is_primary, post
 from dew.evaluation import evaluate as evaluate_policy
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
 from dew.models.lora import _adapters_off, add_lora, trainable
@@ -43,7 +43,7 @@ from dew.train import _packing
 from dew.train._folder import RunLock, check_folder, resume_changes, run_record
 from dew.train._heap import release_freed, settle, unsettle
 from dew.train._memory import check_memory
-from dew.train._pipeline import AheadSampler, Placement, staleness_metrics
+from dew.train._pipeline import AheadSampler, Placement, RemoteSampler, serve, staleness_metrics
 from dew.train._precision import cast_compiled, cast_floating
 from dew.train.callbacks import (
     Callback,
@@ -86,6 +86,8 @@ __all__ = [
 
 
 _EVAL_STREAM = 0xE7A1 << 12
+_RESUMED = "dew/resumed-step"
+"""The coordinator's key under which a resumed run's learner posts the step it restored."""
 """Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
 
 
@@ -238,7 +240,7 @@ class Trainer:
         config = self.config
         policy = source.policy(config.run.seed, value_head=self.objective.needs_values)
         self._place(policy)
-        self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
+        self.checkpoints = Checkpoints(self.run_dir / "checkpoints", processes=_learners(self.mesh))
         self.step = 0
         history = []
         if config.run.resume:
@@ -270,7 +272,7 @@ class Trainer:
         its own base with the adapters at zero.
         """
         config = self.config
-        apart, learner = config.asynchronous.rollout_devices, _learner_devices(config)
+        learner = _learner_devices(config)
         self.mesh = make_mesh(learner)
         self.rows = batch_sharding(self.mesh)
         lora = config.lora
@@ -286,6 +288,10 @@ class Trainer:
         frozen = cast_floating(nnx.to_pure_dict(frozen), stored)
         self.params = jax.device_put(params, param_shardings(params, self.mesh, fsdp))
         self.frozen = jax.device_put(frozen, param_shardings(frozen, self.mesh, fsdp))
+        self.ahead_sampler = self._sampler_ahead(learner)
+        self.opt_state = self.ref_params = self.update_fn = self.reference_spec = None
+        if self.serves:
+            return  # a sampler's process: the learner's arrays are the other processes'
         opt_state = optimizer(config.optimizer, _schedule_steps(config)).init(self.params)
         self.opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh, fsdp))
         self.ref_params = None
@@ -311,15 +317,27 @@ class Trainer:
         # (a pass of its own would not save the memory packing saves) or, from its first step on,
         # the objective's source trains on rows of its own rather than the rollout's.
         early = self.objective.needs_reference and not config.memory.pack
-        self.reference_spec = spec if early else None
-        self.ahead_sampler: AheadSampler | None = None
-        if config.asynchronous.max_staleness or apart:
-            self.reference_spec = None  # the update runs the reference pass on the rows it takes
-            sampler = make_mesh(apart, learner) if apart else None
-            placement = Placement.of(self.mesh, sampler, self.frozen, config.rollout.sample_dtype)
-            self.ahead_sampler = AheadSampler(
-                config.asynchronous.max_staleness, self._sample_with, placement
-            )
+        # A sampler ahead leaves the reference pass to the update, on the rows it takes.
+        self.reference_spec = spec if early and self.ahead_sampler is None else None
+
+    def _sampler_ahead(self, learner: int) -> AheadSampler | None:
+        """The sampler ahead of the learner (`--max-staleness`, `--rollout-devices`), or None.
+
+        A `RemoteSampler` in a learner process whose sampler has processes of its own.
+        """
+        options = self.config.asynchronous
+        if not (options.max_staleness or options.rollout_devices):
+            return None
+        sampler = make_mesh(options.rollout_devices, learner) if options.rollout_devices else None
+        dtype = self.config.rollout.sample_dtype
+        placement = Placement.of(self.mesh, sampler, self.frozen, dtype)
+        kind = RemoteSampler if placement.remote else AheadSampler
+        return kind(options.max_staleness, self._sample_with, placement)
+
+    @property
+    def serves(self) -> bool:
+        """Whether this process samples for the learner's processes and learns nothing itself."""
+        return self.ahead_sampler is not None and self.ahead_sampler.placement.serves
 
     def policy_params(self):
         """The policy's whole state (trained and frozen parameters), for `nnx.merge`."""
@@ -347,12 +365,22 @@ class Trainer:
         return held
 
     def _restore(self) -> None:
+        """Restore the last intact checkpoint; a sampler's process takes the learner's step.
+
+        The learner's first process posts the step it restored for the sampler's processes
+        (`dew.distributed.post`), which hold none of the checkpoint's arrays.
+        """
+        if self.serves:
+            self.step = collect(_RESUMED)
+            return
         step, restored = self.checkpoints.restore_latest(self.state())
         if step is None:
             raise ConfigError(f"--resume: {self.run_dir} has no intact checkpoint")
         self.params, self.opt_state = restored["params"], restored["opt_state"]
         self.ref_params = restored.get("ref_params", self.ref_params)
         self.step = step
+        if self.primary and self.ahead_sampler is not None and self.ahead_sampler.placement.remote:
+            post(_RESUMED, step)
 
     def save(self) -> None:
         """Start checkpointing the current state as the checkpoint of the current step.
@@ -581,6 +609,23 @@ class Trainer:
             "steps_per_s": 1.0 / (finished - began),
         }
 
+    def _serve(self) -> list[dict[str, Any]]:
+        """Draw the rollouts of the steps left for the learner's processes; no rows."""
+        try:
+            serve(
+                self.ahead_sampler,
+                self.step + 1,
+                self.config.run.steps,
+                self.params,
+                self._step_inputs,
+            )
+        finally:
+            self.ahead_sampler.close()
+            if self._owns_rollouts:
+                self.rollouts.close()
+            self.lock.release()
+        return []
+
     def _record(self, row: dict[str, Any]) -> None:
         """Hand `row` to the callbacks' `on_metrics`; a file they cannot write stops the run."""
         try:
@@ -601,7 +646,13 @@ class Trainer:
             )
 
     def run(self) -> list[dict[str, Any]]:
-        """Step to `--steps`; the metrics rows of the whole run (resumed ones included)."""
+        """Step to `--steps`; the metrics rows of the whole run (resumed ones included).
+
+        A sampler's process draws the steps' rollouts for the learner's instead (`serve`) and
+        has no rows.
+        """
+        if self.serves:
+            return self._serve()
         for callback in self.callbacks:
             callback.on_start(self)
         first = self.step + 1
@@ -632,6 +683,12 @@ class Trainer:
                 self.rollouts.close()
             self.lock.release()
         return self.log.rows
+
+
+def _learners(mesh) -> frozenset[int] | None:
+    """The processes of the learner's `mesh` when the run has others (a sampler's), else None."""
+    processes = frozenset(device.process_index for device in mesh.devices.flat)
+    return processes if len(processes) < jax.process_count() else None
 
 
 def _learner_devices(config: TrainConfig) -> int:
@@ -752,9 +809,12 @@ def train(
     )
     history = trainer.run()
     params = trainer.policy_params()
-    greedy = greedy_reward(
-        trainer.graphdef, params, trainer.prompter, config, rollouts=trainer.rollouts
-    )
+    greedy = float("nan")
+    if not trainer.serves:
+        greedy = greedy_reward(
+            trainer.graphdef, params, trainer.prompter, config, rollouts=trainer.rollouts
+        )
+    barrier("dew: run done")  # a sampler's processes wait for the learner's end
     final = history[-1]["reward"] if history else float("nan")
     return TrainResult(
         trainer.run_dir,
