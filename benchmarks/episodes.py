@@ -2,7 +2,8 @@
 
 Run by hand from the repository root:
 
-    uv run python benchmarks/episodes.py [--model NAME] [--rows B] [--turns T] [--repeats N]
+    uv run python benchmarks/episodes.py [--model NAME] [--rows B] [--turns T] [--per-turn K]
+        [--context M] [--repeats N] [--guess]
 
 Both batches are `B` rows of one prompt, prefilled once (`dew.sampling.prefill_state`), and
 sample `T * K` tokens a row (no stop id, so every row draws them all):
@@ -19,6 +20,12 @@ sample `T * K` tokens a row (no stop id, so every row draws them all):
   tell the cost of the turns from the cost of the context the cache is extended by;
 - `multi-turn, re-prefilled`: the same turns, but each turn's state prefilled again from the
   whole row so far (the cache rebuilt), what a loop that renders the conversation anew pays.
+
+The default shape, 8 context tokens between turns of 8 tokens, is that of a tool loop's short
+calls. `--guess` takes the shape of the number-guessing game as `benchmarks/guess.py` trains it
+(`dew.tasks.guess`: 16 prompts x 8 = 128 rows; a trained episode plays about 3 turns of 2 tokens,
+a digit and the stop token, with 1 context token, `+` or `>`, between) and writes
+`benchmarks/results/episodes_guess.json`; its runs leave out the 1-context-token one, the same.
 
 Each `continue_state` takes its state's buffers (`donate=True`, as `Episodes` passes it), so
 no cache is copied. Each is jitted and warm, the runs take turns, and the median of `--repeats`
@@ -47,6 +54,14 @@ from dew.sampling import continue_state, prefill_state
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "episodes.json"
+GUESS = {
+    "rows": 128,
+    "turns": 3,
+    "per_turn": 2,
+    "context": 1,
+    "results": RESULTS.with_name("episodes_guess.json"),
+}
+"""`--guess`: the guessing game's shape (`benchmarks/guess.py`'s last 20 steps: 2.95 turns)."""
 
 
 def single_turn(graphdef, params, prompts, lengths, key, *, new: int, group: int, room: int):
@@ -118,6 +133,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=8, help="tokens appended between turns")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--guess", action="store_true", help="the guessing game's shape")
+    if parser.parse_known_args()[0].guess:
+        parser.set_defaults(**GUESS)  # flags given beside --guess still win
     args = parser.parse_args()
     graphdef, params = nnx.split(resolve_model(args.model).policy(0))
     prompt = [1, 6, 7, 8, 9, 3]  # `^1234>` on the digit vocabulary
@@ -146,6 +164,8 @@ def main() -> None:
             graphdef, params, prompts, lengths, key, **episode
         ),
     }
+    if context == 1:
+        del runs["multi-turn, extended, 1 context token"]  # the extended run is that one
     seconds = timed(runs, args.repeats)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     fastest = medians["single turn"]

@@ -8,8 +8,8 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->`,
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
-`<!-- bench: episodes -->`, `<!-- bench: models_default -->`, `<!-- bench: flops -->`,
-`<!-- bench: async_learning -->` or `<!-- bench: async_throughput -->`;
+`<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
+`<!-- bench: flops -->`, `<!-- bench: async_learning -->` or `<!-- bench: async_throughput -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -414,16 +414,18 @@ def guess_table() -> str:
     return markdown_table([f"`{r['model']}` model, seed {r['seed']}", "games solved"], rows)
 
 
-def episodes_table() -> str:
+def episodes_table(results: str) -> str:
     """A multi-turn batch's sampling against a single turn's, the same tokens sampled."""
-    r = load("episodes")
+    r = load(results)
     rows = [
         [name, f"{1e3 * seconds:.1f}", f"{r['tokens_per_s'][name]:,.0f}",
          f"{r['ratio_to_single_turn'][name]:.2f}",
          f"{r['fastest_ratio_to_single_turn'][name]:.2f}"]
         for name, seconds in r["median_s"].items()
     ]  # fmt: skip
-    header = f"{r['rows']} rows x {r['turns']} turns x {r['per_turn']} tokens"
+    header = (
+        f"{r['rows']} rows x {r['turns']} turns x {r['per_turn']} tokens, {r['context']} between"
+    )
     columns = ["median ms", "sampled tokens/s", "x single turn", "fastest runs: x single turn"]
     return markdown_table([header, *columns], rows)
 
@@ -498,8 +500,8 @@ def expand(match: re.Match) -> str:
         return memory_steps_table()
     if table == "guess":
         return guess_table()
-    if table == "episodes":
-        return episodes_table()
+    if table in ("episodes", "episodes_guess"):
+        return episodes_table(table)
     if table == "async_learning":
         return async_learning_table()
     if table == "async_throughput":

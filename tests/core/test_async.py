@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -212,7 +213,7 @@ def test_episodes_go_through_the_sampler_thread_too(tmp_path):
 def test_the_rows_environments_step_side_by_side():
     """A turn waits for its slowest environment, not for the sum: the steps meet at a barrier
     that sequential steps would never pass."""
-    from dew.rollout.episode import _environment_steps
+    from dew.rollout.episode import _STEPPING, _environment_steps
 
     barrier = threading.Barrier(3, timeout=30)
 
@@ -228,8 +229,9 @@ def test_the_rows_environments_step_side_by_side():
         )
 
     rows = [row(Meeting(), str(i)) for i in range(3)] + [row(None, "tools")]
-    stepped = _environment_steps(rows)
-    assert [stepped[id(r)].result() for r in rows[:3]] == ["0", "1", "2"]
+    with ThreadPoolExecutor(_STEPPING) as pool:
+        stepped = _environment_steps(rows, pool)
+        assert [stepped[id(r)].result() for r in rows[:3]] == ["0", "1", "2"]
     assert id(rows[3]) not in stepped
 
 

@@ -18,10 +18,12 @@ Reference: the prefill-then-decode sampler of flax `examples/gemma/sampler.py`.
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from dew._traces import count_trace
@@ -154,9 +156,8 @@ def _stops(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
 
 
 def _check_settings(
-    model: CausalLM, batch: int, length: int, width: int, group: int, stop_ids
+    context: int, batch: int, length: int, width: int, group: int, stop_ids
 ) -> None:
-    context = model.context_length
     if length > context:
         raise ValueError(
             f"a prompt width of {width} plus {length - width} new tokens exceeds the model's "
@@ -201,17 +202,15 @@ def _prefilled(model, prompts, prompt_lengths, *, room, pad_id, kv_cache, group)
 
 def _continued(
     model, state: SamplerState, key, *, max_new_tokens, temperature, top_p, stop_ids, pad_id,
-    kv_cache, attended=None,
+    kv_cache,
 ) -> SamplerState:  # fmt: skip
     """`state` with up to `max_new_tokens` drawn for each live row, until every row stops.
 
     The loop carries only what a step changes (the prompt mask, the limits and the logits a
     step draws from stay out of it), as lean as the one-turn sampler was before it had a state.
-    With `attended` it decodes over the cache's first `attended` slots alone (`_attended`).
     """
     rows = jnp.arange(state.tokens.shape[0])
     limit = state.limit
-    cache = _head_slots(state.cache, attended)
 
     def draw(logits, tokens, behavior, completion, lengths, done, draws):
         """Write each live row's next token, drawn from `logits`, after its tokens."""
@@ -244,7 +243,7 @@ def _continued(
         state.logits, state.tokens, state.behavior_log_probs, state.completion_mask,
         state.lengths, state.done, state.draws,
     )  # fmt: skip
-    carry = (jnp.int32(1), *first[:4], state.cached, *first[4:], cache)
+    carry = (jnp.int32(1), *first[:4], state.cached, *first[4:], state.cache)
     _, tokens, behavior, completion, lengths, cached, _, draws, cache = jax.lax.while_loop(
         more, step, carry
     )
@@ -253,7 +252,7 @@ def _continued(
         tokens=tokens,
         behavior_log_probs=behavior,
         completion_mask=completion,
-        cache=_with_head_slots(state.cache, cache),
+        cache=cache,
         lengths=lengths,
         cached=cached,
         done=jnp.ones_like(state.done),  # every row stopped or ran out
@@ -277,27 +276,42 @@ def _attended(reach: int, slots: int) -> int | None:
     return width if width < slots else None
 
 
-def _head_slots(cache, attended: int | None):
-    """The cache's first `attended` slots (the whole cache when None)."""
-    if attended is None:
-        return cache
-    return jax.tree.map(lambda whole: whole[:, :attended], cache)
+def _largest(values) -> int:
+    """The largest of `values`, read on the host where this process holds them all.
 
+    A JAX array keeps the value it was read as, so reading one that `Episodes` read already
+    costs nothing, where `jnp.max` would run a program and wait for it.
 
-def _with_head_slots(cache, head):
-    """`cache` with its first slots replaced by `head`'s."""
-    if head is cache:
-        return cache
-    return jax.tree.map(
-        lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=1), cache, head
-    )
-
-
-def _extended(model, state: SamplerState, tokens, counts, *, kv_cache, attended=None):
-    """`state` with `tokens[b, :counts[b]]` appended to each row and fed to the cache.
-
-    With `attended` the new tokens attend to the cache's first `attended` slots alone.
+    Examples:
+      >>> _largest(np.array([3, 7])), _largest(jnp.array([3, 7]))
+      (7, 7)
     """
+    if getattr(values, "is_fully_addressable", True):
+        return int(np.max(values))
+    return int(jnp.max(values))  # rows on other processes too: their largest, replicated
+
+
+def _in_head_slots(step: Callable, state: SamplerState, attended: int | None) -> SamplerState:
+    """`step(state)` on the cache's first `attended` slots alone (all of them when None).
+
+    The slots are sliced out once and written back once, however many passes `step` makes
+    over them (a turn's extension, then its decoding): the two copies cost a call about a third
+    of a decoding step of the `default` model (64 rows).
+    """
+    if attended is None:
+        return step(state)
+    head = jax.tree.map(lambda whole: whole[:, :attended], state.cache)
+    stepped = step(dataclasses.replace(state, cache=head))
+    cache = jax.tree.map(
+        lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=1),
+        state.cache,
+        stepped.cache,
+    )
+    return dataclasses.replace(stepped, cache=cache)
+
+
+def _extended(model, state: SamplerState, tokens, counts, *, kv_cache):
+    """`state` with `tokens[b, :counts[b]]` appended to each row and fed to the cache."""
     batch, width = state.tokens.shape
     rows = jnp.arange(batch)[:, None]
     new = jnp.arange(tokens.shape[1])[None, :]
@@ -311,10 +325,8 @@ def _extended(model, state: SamplerState, tokens, counts, *, kv_cache, attended=
         fed_at = state.cached[:, None] + jnp.arange(tokens.shape[1] + 1)[None, :]
         real = (fed_at < lengths[:, None]) & resumed[:, None]
         fed = all_tokens[rows, jnp.minimum(fed_at, width - 1)]
-        head = _head_slots(state.cache, attended)
-        logits, head = model.extend(fed, jnp.where(real, fed_at, width), head)
-        logits, cache = logits[rows[:, 0], jnp.maximum(lengths - 1 - state.cached, 0)], head
-        cache = _with_head_slots(state.cache, cache)
+        logits, cache = model.extend(fed, jnp.where(real, fed_at, width), state.cache)
+        logits = logits[rows[:, 0], jnp.maximum(lengths - 1 - state.cached, 0)]
     else:
         logits, cache = model(all_tokens)[rows[:, 0], jnp.maximum(lengths - 1, 0)], ()
     return dataclasses.replace(
@@ -326,6 +338,39 @@ def _extended(model, state: SamplerState, tokens, counts, *, kv_cache, attended=
         cached=jnp.where(resumed, lengths, state.cached),
         done=state.done & ~resumed,
     )
+
+
+_RECENT_MODELS = 8
+"""How many graphdefs `_per_model` holds by identity: a run samples from one or two."""
+
+
+def _per_model(build: Callable) -> Callable:
+    """`build(graphdef, *settings)` cached, the graphdef looked up by identity before equality.
+
+    Hashing a `GraphDef` walks every node (0.25 ms for the `default` model, about a decoding
+    step of it), which a cache keyed on it pays at every call. The last `_RECENT_MODELS`
+    graphdefs are held under their `id` with what was built for them (held, so that no other
+    object takes the id while its entry lives); a graphdef new by identity is hashed once, and
+    one equal to a graphdef seen before shares what was built for that one (`functools.cache`).
+    """
+    by_value = functools.cache(build)
+    recent: dict[int, tuple[nnx.GraphDef, dict]] = {}
+    lock = threading.Lock()  # a sampler ahead calls from its own thread
+
+    @functools.wraps(build)
+    def cached(graphdef: nnx.GraphDef, *settings):
+        held = recent.get(id(graphdef))
+        if held is None:
+            with lock:
+                held = recent.setdefault(id(graphdef), (graphdef, {}))
+                if len(recent) > _RECENT_MODELS:
+                    del recent[next(iter(recent))]
+        built = held[1]
+        if settings not in built:
+            built[settings] = by_value(graphdef, *settings)
+        return built[settings]
+
+    return cached
 
 
 def prefill_state(
@@ -354,21 +399,20 @@ def prefill_state(
       >>> state.tokens.tolist(), state.lengths.tolist(), state.limit.tolist()
       ([[1, 5, 0, 0, 0, 0, 0]], [2], [6])
     """
-    model = nnx.merge(graphdef, params)
-    batch, width = prompts.shape
-    _check_settings(model, batch, width + room, width, group, ())
     return _prefill_program(graphdef, (room, pad_id, kv_cache, group))(
         params, prompts, prompt_lengths
     )
 
 
-@functools.cache
+@_per_model
 def _prefill_program(graphdef: nnx.GraphDef, settings: tuple):
     room, pad_id, kv_cache, group = settings
 
     def run(params, prompts, prompt_lengths):
         count_trace("prefill_state")
         model = nnx.merge(graphdef, params)
+        batch, width = prompts.shape  # checked as it is traced: a merge on the host costs 0.9 ms
+        _check_settings(model.context_length, batch, width + room, width, group, ())
         return _prefilled(
             model, prompts, prompt_lengths, room=room, pad_id=pad_id, kv_cache=kv_cache,
             group=group,
@@ -420,10 +464,10 @@ def continue_state(
     reach = max_new_tokens
     if appended is not None:
         _check_appended(state, *appended)
-        reach += int(jnp.max(appended[1]))
+        reach += _largest(appended[1])
     attended = None
     if kv_cache:
-        attended = _attended(int(jnp.max(state.lengths)) + reach, state.tokens.shape[1])
+        attended = _attended(_largest(state.lengths) + reach, state.tokens.shape[1])
     stop_ids = tuple(int(s) for s in stop_ids)
     settings = (
         max_new_tokens, float(temperature), float(top_p), stop_ids, pad_id, kv_cache, attended
@@ -431,19 +475,23 @@ def continue_state(
     return _continue_program(graphdef, settings, donate)(params, state, key, appended)
 
 
-@functools.cache
+@_per_model
 def _continue_program(graphdef: nnx.GraphDef, settings: tuple, donate: bool = False):
     max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache, attended = settings
 
     def run(params, state, key, appended):
         count_trace("continue_state")
         model = nnx.merge(graphdef, params)
-        if appended is not None:
-            state = _extended(model, state, *appended, kv_cache=kv_cache, attended=attended)
-        return _continued(
-            model, state, key, max_new_tokens=max_new_tokens, temperature=temperature,
-            top_p=top_p, stop_ids=stop_ids, pad_id=pad_id, kv_cache=kv_cache, attended=attended,
-        )  # fmt: skip
+
+        def turn(state):
+            if appended is not None:
+                state = _extended(model, state, *appended, kv_cache=kv_cache)
+            return _continued(
+                model, state, key, max_new_tokens=max_new_tokens, temperature=temperature,
+                top_p=top_p, stop_ids=stop_ids, pad_id=pad_id, kv_cache=kv_cache,
+            )  # fmt: skip
+
+        return _in_head_slots(turn, state, attended)
 
     return jax.jit(run, donate_argnums=(1,) if donate else ())
 
@@ -488,7 +536,7 @@ def extend_state(
     return _extend_program(graphdef, kv_cache)(params, state, tokens, counts)
 
 
-@functools.cache
+@_per_model
 def _extend_program(graphdef: nnx.GraphDef, kv_cache: bool):
     def run(params, state, tokens, counts):
         count_trace("extend_state")
@@ -535,7 +583,7 @@ def sample_state(
     return _sampler(graphdef, settings)(params, prompts, prompt_lengths, key)
 
 
-@functools.cache
+@_per_model
 def _sampler(graphdef: nnx.GraphDef, settings: tuple) -> KeptProgram:
     """The compiled `_sample_state` of a model and its settings after `graphdef`, in order."""
     jitted = jax.jit(functools.partial(_sample_state, graphdef, *settings))
@@ -559,7 +607,7 @@ def _sample_state(
     count_trace("sample")
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
-    _check_settings(model, batch, width + max_new_tokens, width, group, stop_ids)
+    _check_settings(model.context_length, batch, width + max_new_tokens, width, group, stop_ids)
     state = _prefilled(
         model, prompts, prompt_lengths, room=max_new_tokens, pad_id=pad_id, kv_cache=kv_cache,
         group=group,
