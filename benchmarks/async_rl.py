@@ -17,7 +17,8 @@ medians kept), and reports steady steps/s (wall time from the end of step 2 to t
 samples/s:
 
 - `slow environment`: the guessing game of several turns, each `step` of the environment
-  sleeping `--latency` seconds (as a web API would), 16 prompts x 8;
+  sleeping `SlowGuess.LATENCY` seconds (50 ms, as a web API would), 16 prompts x 8; K > 0 draws two steps at
+  once (`dew.train._pipeline.DRAWS`), and once more one at a time, to tell what that adds;
 - `long tail`: the digit demo's untrained policy with `--max-new-tokens 96`: completions end at
   the stop token, which an untrained policy draws with a geometric tail of lengths;
 - `own devices`: in a child process with two host devices, the digit demo with the sampler on
@@ -41,9 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
+import dew.train._pipeline as pipeline
 from dew.rollout.episode import EpisodeLimits, Episodes
 from dew.tasks.guess import NumberGuess
 from dew.train import TrainConfig
+from dew.train._pipeline import DRAWS
 from dew.train.trainer import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +120,16 @@ def _steady(history: list[dict], rows: int) -> dict[str, float]:
     return {"steps_per_s": steps / seconds, "samples_per_s": steps * rows / seconds}
 
 
-def _slow_environment(staleness: int, steps: int, out: str) -> dict[str, float]:
+def _slow_environment(staleness: int, steps: int, out: str, draws: int = DRAWS) -> dict:
+    """The slow guessing game's steady rates, the sampler ahead drawing `draws` steps at once."""
+    pipeline.DRAWS = draws
+    try:
+        return _slow_game(staleness, steps, out)
+    finally:
+        pipeline.DRAWS = DRAWS
+
+
+def _slow_game(staleness: int, steps: int, out: str) -> dict[str, float]:
     config = _config(staleness, True, task="guess", environment="dew.tasks.guess:NumberGuess")
     config = config.replace(steps=steps, prompts=16, group=8, max_turns=4, out=out)
     config = config.replace(max_episode_tokens=16)
@@ -161,6 +173,9 @@ def throughput(steps: int, repeats: int) -> dict:
         ("slow environment", "K=0"): lambda out: _slow_environment(0, steps, out),
         ("slow environment", "K=1"): lambda out: _slow_environment(1, steps, out),
         ("slow environment", "K=2"): lambda out: _slow_environment(2, steps, out),
+        ("slow environment", "K=2, one draw at a time"): lambda out: _slow_environment(
+            2, steps, out, draws=1
+        ),
         ("long tail", "K=0"): lambda out: _long_tail(0, steps, out),
         ("long tail", "K=1"): lambda out: _long_tail(1, steps, out),
         ("own devices", "shared, K=0"): lambda out: _own_devices(0, 0, steps, out),

@@ -235,13 +235,31 @@ def test_the_rows_environments_step_side_by_side():
     assert id(rows[3]) not in stepped
 
 
+def test_a_sampler_ahead_draws_two_steps_at_once():
+    from dew.mesh import make_mesh
+    from dew.train._pipeline import AheadSampler, Placement
+
+    both = threading.Barrier(2, timeout=30)
+
+    def draw(weights, prompts, key, sharding):  # passes only while the other step draws too
+        both.wait()
+        return prompts
+
+    sampler = AheadSampler(1, draw, Placement.of(make_mesh(1), None, {}))
+    sampler.queue(1, 5, 0, {"w": np.zeros(1)}, lambda step: (step, None))
+    assert [sampler.take(step).rollout for step in (1, 2)] == [1, 2]
+    sampler.close()
+
+
 def test_the_memory_check_counts_the_weights_a_sampler_ahead_holds():
     from dew.models.registry import SIZES
     from dew.train._memory import estimate, parameter_count
+    from dew.train._pipeline import DRAWS
 
     def sampler(**options):
         return estimate(SIZES["tiny"], TrainConfig().replace(**options), 5, 4).sampler
 
-    held = sampler(max_staleness=3) - sampler()
+    # Two steps drawn at once, a KV cache each, and up to K queued copies of the weights.
+    held = sampler(max_staleness=3) - DRAWS * sampler()
     assert held == 3 * 4 * parameter_count(SIZES["tiny"])
-    assert sampler(max_staleness=3, rollout_devices=1) == sampler()  # on the sampler's devices
+    assert sampler(max_staleness=3, rollout_devices=1) == DRAWS * sampler()  # weights: apart

@@ -26,6 +26,7 @@ import jax
 from dew.models.llama import ModelConfig
 from dew.models.registry import ModelSource
 from dew.options import ConfigError
+from dew.train._pipeline import DRAWS
 
 GiB = 2**30
 _RUNTIME = GiB
@@ -44,7 +45,8 @@ class Estimate:
       weights: parameters, gradients, optimizer state and the copied reference.
       logits: the update's float32 log-prob buffers.
       layers: the update's decoder-layer activations.
-      sampler: the rollout's KV cache and prefill logits, the weights' copy with
+      sampler: the rollout's KV cache and prefill logits (`DRAWS` of each for a sampler ahead
+        of the learner, which draws that many steps at once), the weights' copy with
         `--sample-dtype bfloat16`, and the copies of the trained weights a sampler ahead of the
         learner holds (`--max-staleness`).
     """
@@ -145,6 +147,8 @@ def estimate(
     copy = 2 * params if config.rollout.sample_dtype == "bfloat16" else 0  # `--sample-dtype`'s
     cached = 2 if copy else stored
     sampler = cached * kv * sampled * length + 4 * config.rollout.prompts * width * model.vocab_size
+    if config.asynchronous.max_staleness:  # two steps drawn at once, a cache each
+        sampler *= DRAWS
     sampler += copy
     if not config.asynchronous.rollout_devices:  # queued steps' copies of the trained weights
         sampler += 4 * trained * config.asynchronous.max_staleness

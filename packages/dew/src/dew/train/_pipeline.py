@@ -5,7 +5,8 @@ step `s` trains on the rollout that version `s - 1 - K` sampled (never older, fr
 first `K` steps): before the update of step `s` the trainer hands `AheadSampler.queue` the
 weights of version `s - 1`, which a sampler thread uses to draw step `s + K`'s rollout while the
 learner runs the `K` updates between. The learner waits only when the sampler has fallen `K`
-steps behind; an episode waiting on a slow tool holds the sampler thread, never the update.
+steps behind. Two steps are drawn at once (`DRAWS`): an episode waiting on a slow tool holds
+its own step's draw, never the update nor the next step's decoding.
 
 The schedule follows the steps, not the clock: two runs with one seed sample each step from the
 same version and train on the same rows. The queue is not checkpointed: a resumed run's first
@@ -39,7 +40,19 @@ from dew.mesh import batch_sharding, param_shardings, to_host
 from dew.rollout import Prompts, Rollout
 from dew.train._precision import cast_compiled
 
-__all__ = ["Ahead", "AheadSampler", "Placement", "RemoteSampler", "serve", "staleness_metrics"]
+__all__ = [
+    "DRAWS",
+    "Ahead",
+    "AheadSampler",
+    "Placement",
+    "RemoteSampler",
+    "serve",
+    "staleness_metrics",
+]
+
+DRAWS = 2
+"""Rollouts a sampler ahead draws at once: one decodes while another waits on its environments
+(a slow tool's reply), so the device keeps sampling. Each holds its own KV cache."""
 
 Draw = Callable[[Any, Prompts, jax.Array, jax.sharding.Sharding], Rollout]
 """`draw(weights, prompts, key, sharding)`: a scored rollout of `prompts` sampled by `weights`."""
@@ -74,6 +87,16 @@ class Placement:
     def rows(self) -> jax.sharding.Sharding:
         """The sampler's batch layout."""
         return batch_sharding(self.sampler or self.learner)
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether the sampler may draw several rollouts at once: its devices are one process's.
+
+        Over several processes every process must launch the sampler's programs in one order,
+        which draws on threads side by side would not keep.
+        """
+        mesh = self.sampler or self.learner
+        return len({device.process_index for device in mesh.devices.flat}) == 1
 
     @property
     def serves(self) -> bool:
@@ -164,7 +187,8 @@ class AheadSampler:
         self.placement = placement
         self._draw = draw
         self._queued: dict[int, _Queued] = {}
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="dew-sampler")
+        draws = DRAWS if staleness and placement.concurrent else 1
+        self._thread = ThreadPoolExecutor(draws, thread_name_prefix="dew-sampler")
 
     @property
     def queued(self) -> list[int]:
