@@ -116,24 +116,25 @@ def test_what_a_run_ahead_cannot_take_is_one_line_before_anything_runs(
 
 
 @pytest.mark.parametrize(
-    ("staleness", "apart", "fsdp", "address", "message"),
+    ("processes", "staleness", "apart", "fsdp", "address", "message"),
     [
-        (1, 0, False, "", "--max-staleness 1 in a run of 2 processes needs --rollout-devices"),
-        (0, 1, False, "", "--rollout-devices (1) must be whole processes' devices"),
-        (0, 2, True, "", "--fsdp with --rollout-devices"),
-        (0, 2, False, "", "needs JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS"),
-        (1, 2, False, "127.0.0.1:1", None),
+        (2, 1, 0, False, "", "--max-staleness 1 in a run of 2 processes needs --rollout-devices"),
+        (2, 0, 1, False, "", "--rollout-devices (1) must be whole processes' devices"),
+        (2, 0, 2, True, "", "--fsdp with --rollout-devices"),
+        (3, 0, 2, False, "", "--rollout-devices (2) must equal the learner's devices (4)"),
+        (2, 0, 2, False, "", "needs JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS"),
+        (2, 1, 2, False, "127.0.0.1:1", None),
     ],
-    ids=["no-sampler-devices", "part-of-a-process", "fsdp", "no-transfer-address", "fine"],
+    ids=["no-sampler-devices", "part-of-a-process", "fsdp", "fewer", "no-address", "fine"],
 )
 def test_a_sampler_in_a_run_of_processes_has_whole_processes_of_its_own(
-    monkeypatch, staleness, apart, fsdp, address, message
+    monkeypatch, processes, staleness, apart, fsdp, address, message
 ):
     from dew.options import ConfigError
     from dew.train.config import _check_rollout_processes
 
-    devices = [SimpleNamespace(process_index=index) for index in (0, 0, 1, 1)]
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    devices = [SimpleNamespace(process_index=i // 2) for i in range(2 * processes)]
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
     monkeypatch.setattr(jax, "local_device_count", lambda: 2)
     monkeypatch.setattr(jax, "devices", lambda: devices)
     before = jax.config.read("jax_cross_host_transfer_socket_address")

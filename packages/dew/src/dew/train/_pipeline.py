@@ -95,8 +95,7 @@ class Placement:
         Over several processes every process must launch the sampler's programs in one order,
         which draws on threads side by side would not keep.
         """
-        mesh = self.sampler or self.learner
-        return len({device.process_index for device in mesh.devices.flat}) == 1
+        return len(_processes(self.sampler or self.learner)) == 1
 
     @property
     def serves(self) -> bool:
@@ -247,7 +246,8 @@ class RemoteSampler(AheadSampler):
     """
 
     def _submit(self, step: int, weights, prompts: Prompts, key: jax.Array) -> "Future[Rollout]":
-        return self._thread.submit(lambda: self.placement.handed(collect(_posted(step))))
+        posted = _posted(step, jax.process_index())
+        return self._thread.submit(lambda: self.placement.handed(collect(posted)))
 
 
 def serve(sampler: AheadSampler, first: int, last: int, params, prompts_of) -> None:
@@ -255,16 +255,27 @@ def serve(sampler: AheadSampler, first: int, last: int, params, prompts_of) -> N
 
     `sampler` follows the learner's schedule (`AheadSampler.queue` of each step with the
     version before it), so each version's weights are received (`params`, the learner's
-    arrays, which this process holds none of) as the learner sends them; each rollout is posted
-    as soon as it is scored.
+    arrays, which this process holds none of) as the learner sends them. Each rollout, scored
+    and gathered on every sampler process alike, is posted by the first of them as soon as it
+    is, once for each learner process.
     """
+    placement = sampler.placement
+    posts = jax.process_index() == min(_processes(placement.sampler))
     for step in range(first, last + 1):
         sampler.queue(step, last, step - 1, params, prompts_of)
-        post(_posted(step), sampler.take(step).rollout)
+        rollout = sampler.take(step).rollout
+        for learner in _processes(placement.learner) if posts else ():
+            post(_posted(step, learner), rollout)
 
 
-def _posted(step: int) -> str:
-    return f"dew/rollout/{step}"
+def _processes(mesh: Mesh) -> list[int]:
+    """The processes holding `mesh`'s devices, in order."""
+    return sorted({device.process_index for device in mesh.devices.flat})
+
+
+def _posted(step: int, learner: int) -> str:
+    """The key under which step `step`'s rollout waits for learner process `learner`."""
+    return f"dew/rollout/{step}/{learner}"
 
 
 def staleness_metrics(versions: np.ndarray, learner_version: int) -> dict[str, float]:

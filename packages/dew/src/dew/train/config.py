@@ -753,9 +753,9 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
 def _check_rollout_processes(staleness: int, apart: int, fsdp: bool) -> None:
     """`ConfigError` unless a multi-process run's sampler, if any, has processes of its own.
 
-    The sampler's devices must be whole processes' (the last ones), which the weights reach
-    through JAX's cross-host transfers (`jax_cross_host_transfer_socket_address`, set by
-    `dew launch`).
+    The sampler's devices must be whole processes' (the last ones), as many as the learner's,
+    which the weights reach through JAX's cross-host transfers
+    (`jax_cross_host_transfer_socket_address`, set by `dew launch`).
     """
     if staleness and not apart:
         raise ConfigError(
@@ -776,6 +776,12 @@ def _check_rollout_processes(staleness: int, apart: int, fsdp: bool) -> None:
         raise ConfigError(
             f"--rollout-devices ({apart}) must be whole processes' devices in a run of "
             f"{jax.process_count()} processes of {each} devices: use a multiple of {each}"
+        )
+    if len(devices) - apart != apart:
+        raise ConfigError(
+            f"--rollout-devices ({apart}) must equal the learner's devices "
+            f"({len(devices) - apart}) in a run of several processes: JAX copies arrays "
+            "between processes' device sets of one size"
         )
     if not jax.config.read("jax_cross_host_transfer_socket_address"):
         raise ConfigError(
