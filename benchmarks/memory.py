@@ -4,6 +4,8 @@ Run by hand from the repository root (about ten minutes on a 2-core CPU):
 
     uv run python benchmarks/memory.py
 
+(`--only memory` or `--only timing` runs one part and keeps the other's recorded numbers.)
+
 For SmolLM2-135M's configuration (as `dew.hf` reads the packaged GGUF's metadata) and a randomly
 initialised model with Qwen2.5-0.5B's (24 layers, hidden 896, 14 query / 2 key-value heads,
 intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO with its KL
@@ -11,16 +13,16 @@ reference pass, one optimizer step per rollout, one micro-batch) is compiled for
 XLA's own buffer assignment read back (`compiled.memory_analysis()`); nothing that large runs.
 Peak bytes are arguments + outputs - donated aliases + temporaries: the most the program holds.
 
-Compiling a 24-layer update takes a minute here, so each setting is compiled at 2 and 3 layers
-and at 8 and 16 rows (length 1024): decoder layers are identical, and every buffer grows
+Compiling a 24-layer update takes up to a minute here, so each setting is compiled at 2 and 3
+layers and at 8 and 16 rows (length 1024): decoder layers are identical, and every buffer grows
 linearly in the rows at a fixed length, so the peak is `a + b L + c B + d L B` exactly, and the
-four compiles give it at the model's depth and at any batch (checked once against a compile of
-all 24 layers: within 0.2%). From it: the peak at 8 x 1024, and the most rows at 1024 tokens
-that fit in 24 GiB.
+four compiles give it at the model's depth and at any batch (checked against a compile of all
+24 layers with remat and chunks: 13.99 GiB both). From it: the peak at 8 x 1024, and the most
+rows at 1024 tokens that fit in 24 and in 80 GiB.
 
 The compiles run in a subprocess with XLA's memory-minimising scheduler
 (`--xla_cpu_enable_concurrency_optimized_scheduler=false`; the CPU default schedules for
-parallelism and keeps what remat would free) and LLVM's cheap optimisation level (which
+parallelism and keeps more alive at once) and LLVM's cheap optimisation level (which
 changes code, not buffers). Then a second subprocess, with XLA's defaults, runs update steps of
 SmolLM2-135M's size (random weights) at a small batch, and the trainer's update phase on short
 completions in long rows, packed (`--pack`) and unpacked.
@@ -56,7 +58,7 @@ from dew.train.update import UpdateSpec, make_update, optimizer
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
 GiB = 2**30
-BUDGET = 24 * GiB
+BUDGETS = {"24GiB": 24 * GiB, "80GiB": 80 * GiB}
 GROUP = 8
 LAYERS, ROWS = (2, 3), (8, 16)
 TIMED = (4, 128)
@@ -233,10 +235,10 @@ def predicted_peak(fit: dict, layers: int, rows: float) -> float:
     return fit["a"] + fit["b"] * layers + (fit["c"] + fit["d"] * layers) * rows
 
 
-def largest_rows(fit: dict, layers: int) -> int:
-    """The most rows whose fitted peak fits `BUDGET` (0 when not even one does)."""
+def largest_rows(fit: dict, layers: int, budget: int) -> int:
+    """The most rows whose fitted peak fits `budget` bytes (0 when not even one does)."""
     fixed = fit["a"] + fit["b"] * layers
-    return max(int((BUDGET - fixed) // (fit["c"] + fit["d"] * layers)), 0)
+    return max(int((budget - fixed) // (fit["c"] + fit["d"] * layers)), 0)
 
 
 def random_batch(
@@ -325,7 +327,10 @@ def memory_part(length: int) -> dict:
                 "peak_bytes_8_rows": predicted_peak(fit, layers, 8),
                 "fixed_bytes": fit["a"] + fit["b"] * layers,
                 "bytes_per_row": fit["c"] + fit["d"] * layers,
-                "largest_rows_24GiB": largest_rows(fit, layers),
+                **{
+                    f"largest_rows_{name}": largest_rows(fit, layers, budget)
+                    for name, budget in BUDGETS.items()
+                },
                 "fit": fit,
                 "compile_s": time.perf_counter() - began,
             }
@@ -334,7 +339,8 @@ def memory_part(length: int) -> dict:
                 f"{name:22s} {setting:50s} 8 x {length}: "
                 f"{row['peak_bytes_8_rows'] / GiB:6.2f} GiB (fixed "
                 f"{row['fixed_bytes'] / GiB:5.2f}, per row {row['bytes_per_row'] / GiB:5.3f}); "
-                f"fits {row['largest_rows_24GiB']} rows",
+                f"fits {row['largest_rows_24GiB']} rows in 24 GiB, "
+                f"{row['largest_rows_80GiB']} in 80",
                 flush=True,
             )
         for label, options in {
@@ -405,6 +411,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=1024, help="tokens per row")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per setting")
+    parser.add_argument(
+        "--only",
+        choices=("memory", "timing"),
+        help="run this part alone, keeping the other's recorded numbers",
+    )
     parser.add_argument("--part", choices=("memory", "timing"), help=argparse.SUPPRESS)
     parser.add_argument("--part-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -414,18 +425,21 @@ def main() -> None:
         return
     began = time.perf_counter()
     argv = ["--length", str(args.length), "--steps", str(args.steps)]
+    flags = {"memory": FLAGS, "timing": None}
+    kept = json.loads(RESULTS.read_text()) if args.only else {}
     results = {
+        **kept,
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "jax": jax.__version__,
             "backend": jax.default_backend(),
         },
-        "budget_bytes": BUDGET,
+        "budget_bytes": BUDGETS,
         "compile_flags": FLAGS,
-        **run_part("memory", argv, FLAGS),
-        **run_part("timing", argv, None),
     }
+    for part in (args.only,) if args.only else flags:
+        results.update(run_part(part, argv, flags[part]))
     results["wall_s"] = time.perf_counter() - began
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS} in {results['wall_s']:.0f} s")
