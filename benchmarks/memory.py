@@ -11,7 +11,11 @@ initialised model with Qwen2.5-0.5B's (24 layers, hidden 896, 14 query / 2 key-v
 intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO with its KL
 reference pass, one optimizer step per rollout, one micro-batch) is compiled for the host and
 XLA's own buffer assignment read back (`compiled.memory_analysis()`); nothing that large runs.
-Peak bytes are arguments + outputs - donated aliases + temporaries: the most the program holds.
+A randomly initialised model with Qwen2.5-3B's configuration (36 layers, hidden 2048, 16 query
+heads, intermediate 11,008) is compiled with full fine-tuning, remat and chunks alone: the
+largest of the family (the 7B's weights, gradient and AdamW state alone exceed 80 GiB) whose
+update fits in 80 GiB. Peak bytes are arguments + outputs - donated aliases + temporaries: the
+most the program holds.
 
 Compiling a 24-layer update takes up to a minute here, so each setting is compiled at 2 and 3
 layers and at 8 and 16 rows (length 1024): decoder layers are identical, and every buffer grows
@@ -99,6 +103,19 @@ QWEN25_05B = ModelConfig(
     tie_word_embeddings=True,
 )
 """Qwen2.5-0.5B's `config.json`, as `dew.hf` reads it."""
+
+QWEN25_3B = dataclasses.replace(
+    QWEN25_05B,
+    hidden_size=2048,
+    intermediate_size=11_008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+)
+"""Qwen2.5-3B's `config.json` (2 key-value heads and the vocabulary as the 0.5B's, tied)."""
+
+LARGER = {"Qwen2.5-3B (random)": QWEN25_3B}
+"""Models compiled only with `LARGER_SETTING`: what full fine-tuning fits in 80 GiB."""
+LARGER_SETTING = "full fine-tuning + remat + logit chunk 256"
 
 ATTENTION = "q_proj,k_proj,v_proj,o_proj"
 SETTINGS = {
@@ -310,39 +327,43 @@ def packed_step_seconds(batch: Batch, pack: bool, steps: int) -> tuple[float, fl
     return float(np.median(times[1:])), metrics.get("pack_fill", float(used))
 
 
+def memory_row(name: str, model: ModelConfig, setting: str, length: int) -> dict:
+    """The fitted peak of `model` (called `name`) under `setting` at `length` tokens a row."""
+    layers = model.num_hidden_layers
+    began = time.perf_counter()
+    fit = peak_model(model, TrainConfig().replace(**SETTINGS[setting]), length)
+    row = {
+        "model": name,
+        "setting": setting,
+        "layers": layers,
+        "T": length,
+        "peak_bytes_8_rows": predicted_peak(fit, layers, 8),
+        "fixed_bytes": fit["a"] + fit["b"] * layers,
+        "bytes_per_row": fit["c"] + fit["d"] * layers,
+        **{
+            f"largest_rows_{budget}": largest_rows(fit, layers, size)
+            for budget, size in BUDGETS.items()
+        },
+        "fit": fit,
+        "compile_s": time.perf_counter() - began,
+    }
+    print(
+        f"{name:22s} {setting:50s} 8 x {length}: "
+        f"{row['peak_bytes_8_rows'] / GiB:6.2f} GiB (fixed "
+        f"{row['fixed_bytes'] / GiB:5.2f}, per row {row['bytes_per_row'] / GiB:5.3f}); "
+        f"fits {row['largest_rows_24GiB']} rows in 24 GiB, {row['largest_rows_80GiB']} in 80",
+        flush=True,
+    )
+    return row
+
+
 def memory_part(length: int) -> dict:
-    """The compiled memory and parameter counts of every model and setting."""
+    """The compiled memory and parameter counts of every model and setting, and `LARGER`'s."""
     models = {"SmolLM2-135M": SMOLLM2_135M, "Qwen2.5-0.5B (random)": QWEN25_05B}
     rows_out, params_out = [], []
     for name, model in models.items():
-        layers = model.num_hidden_layers
-        for setting, options in SETTINGS.items():
-            began = time.perf_counter()
-            fit = peak_model(model, TrainConfig().replace(**options), length)
-            row = {
-                "model": name,
-                "setting": setting,
-                "layers": layers,
-                "T": length,
-                "peak_bytes_8_rows": predicted_peak(fit, layers, 8),
-                "fixed_bytes": fit["a"] + fit["b"] * layers,
-                "bytes_per_row": fit["c"] + fit["d"] * layers,
-                **{
-                    f"largest_rows_{name}": largest_rows(fit, layers, budget)
-                    for name, budget in BUDGETS.items()
-                },
-                "fit": fit,
-                "compile_s": time.perf_counter() - began,
-            }
-            rows_out.append(row)
-            print(
-                f"{name:22s} {setting:50s} 8 x {length}: "
-                f"{row['peak_bytes_8_rows'] / GiB:6.2f} GiB (fixed "
-                f"{row['fixed_bytes'] / GiB:5.2f}, per row {row['bytes_per_row'] / GiB:5.3f}); "
-                f"fits {row['largest_rows_24GiB']} rows in 24 GiB, "
-                f"{row['largest_rows_80GiB']} in 80",
-                flush=True,
-            )
+        for setting in SETTINGS:
+            rows_out.append(memory_row(name, model, setting, length))
         for label, options in {
             "LoRA r8, all seven projections": {"lora_rank": 8},
             "LoRA r8, attention only": {"lora_rank": 8, "lora_modules": ATTENTION},
@@ -354,7 +375,8 @@ def memory_part(length: int) -> dict:
                 f"({100 * counts['share']:.2f}%)",
                 flush=True,
             )
-    return {"memory": rows_out, "parameters": params_out}
+    larger = [memory_row(name, model, LARGER_SETTING, length) for name, model in LARGER.items()]
+    return {"memory": rows_out, "larger": larger, "parameters": params_out}
 
 
 def timing_part(steps: int) -> dict:

@@ -212,7 +212,8 @@ def processes_table() -> str:
 
 
 def memory_table() -> str:
-    """Each model and setting's compiled peak at 8 rows and the most rows that fit 24 and 80 GiB."""
+    """Each model and setting's compiled peak at 8 rows and the most rows that fit 24 and 80 GiB;
+    the larger models' rows last."""
     results = load("memory")
     gib = 2**30
     rows = [
@@ -223,7 +224,7 @@ def memory_table() -> str:
             f"{row['largest_rows_24GiB']}",
             f"{row['largest_rows_80GiB']}",
         ]
-        for row in results["memory"]
+        for row in results["memory"] + results["larger"]
     ]
     length = results["memory"][0]["T"]
     header = [
