@@ -1,6 +1,6 @@
 """Peak process memory of the README's real-model commands against the memory they need.
 
-Run by hand from the repository root (about ten minutes on a 2-core CPU):
+Run by hand from the repository root (about five minutes on a 2-core CPU):
 
     uv run python benchmarks/peak_memory.py
 
