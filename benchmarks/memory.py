@@ -4,23 +4,29 @@ Run by hand from the repository root (about ten minutes on a 2-core CPU):
 
     uv run python benchmarks/memory.py
 
+(`--only memory` or `--only timing` runs one part and keeps the other's recorded numbers.)
+
 For SmolLM2-135M's configuration (as `dew.hf` reads the packaged GGUF's metadata) and a randomly
 initialised model with Qwen2.5-0.5B's (24 layers, hidden 896, 14 query / 2 key-value heads,
 intermediate 4864, vocabulary 151,936, tied embeddings), each setting's update (GRPO with its KL
 reference pass, one optimizer step per rollout, one micro-batch) is compiled for the host and
 XLA's own buffer assignment read back (`compiled.memory_analysis()`); nothing that large runs.
-Peak bytes are arguments + outputs - donated aliases + temporaries: the most the program holds.
+A randomly initialised model with Qwen2.5-3B's configuration (36 layers, hidden 2048, 16 query
+heads, intermediate 11,008) is compiled with full fine-tuning, remat and chunks alone: the
+largest of the family (the 7B's weights, gradient and AdamW state alone exceed 80 GiB) whose
+update fits in 80 GiB. Peak bytes are arguments + outputs - donated aliases + temporaries: the
+most the program holds.
 
-Compiling a 24-layer update takes a minute here, so each setting is compiled at 2 and 3 layers
-and at 8 and 16 rows (length 1024): decoder layers are identical, and every buffer grows
+Compiling a 24-layer update takes up to a minute here, so each setting is compiled at 2 and 3
+layers and at 8 and 16 rows (length 1024): decoder layers are identical, and every buffer grows
 linearly in the rows at a fixed length, so the peak is `a + b L + c B + d L B` exactly, and the
-four compiles give it at the model's depth and at any batch (checked once against a compile of
-all 24 layers: within 0.2%). From it: the peak at 8 x 1024, and the most rows at 1024 tokens
-that fit in 24 GiB.
+four compiles give it at the model's depth and at any batch (checked against a compile of all
+24 layers with remat and chunks: 13.99 GiB both). From it: the peak at 8 x 1024, and the most
+rows at 1024 tokens that fit in 24 and in 80 GiB.
 
 The compiles run in a subprocess with XLA's memory-minimising scheduler
 (`--xla_cpu_enable_concurrency_optimized_scheduler=false`; the CPU default schedules for
-parallelism and keeps what remat would free) and LLVM's cheap optimisation level (which
+parallelism and keeps more alive at once) and LLVM's cheap optimisation level (which
 changes code, not buffers). Then a second subprocess, with XLA's defaults, runs update steps of
 SmolLM2-135M's size (random weights) at a small batch, and the trainer's update phase on short
 completions in long rows, packed (`--pack`) and unpacked.
@@ -56,7 +62,7 @@ from dew.train.update import UpdateSpec, make_update, optimizer
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
 GiB = 2**30
-BUDGET = 24 * GiB
+BUDGETS = {"24GiB": 24 * GiB, "80GiB": 80 * GiB}
 GROUP = 8
 LAYERS, ROWS = (2, 3), (8, 16)
 TIMED = (4, 128)
@@ -97,6 +103,19 @@ QWEN25_05B = ModelConfig(
     tie_word_embeddings=True,
 )
 """Qwen2.5-0.5B's `config.json`, as `dew.hf` reads it."""
+
+QWEN25_3B = dataclasses.replace(
+    QWEN25_05B,
+    hidden_size=2048,
+    intermediate_size=11_008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+)
+"""Qwen2.5-3B's `config.json` (2 key-value heads and the vocabulary as the 0.5B's, tied)."""
+
+LARGER = {"Qwen2.5-3B (random)": QWEN25_3B}
+"""Models compiled only with `LARGER_SETTING`: what full fine-tuning fits in 80 GiB."""
+LARGER_SETTING = "full fine-tuning + remat + logit chunk 256"
 
 ATTENTION = "q_proj,k_proj,v_proj,o_proj"
 SETTINGS = {
@@ -233,10 +252,10 @@ def predicted_peak(fit: dict, layers: int, rows: float) -> float:
     return fit["a"] + fit["b"] * layers + (fit["c"] + fit["d"] * layers) * rows
 
 
-def largest_rows(fit: dict, layers: int) -> int:
-    """The most rows whose fitted peak fits `BUDGET` (0 when not even one does)."""
+def largest_rows(fit: dict, layers: int, budget: int) -> int:
+    """The most rows whose fitted peak fits `budget` bytes (0 when not even one does)."""
     fixed = fit["a"] + fit["b"] * layers
-    return max(int((BUDGET - fixed) // (fit["c"] + fit["d"] * layers)), 0)
+    return max(int((budget - fixed) // (fit["c"] + fit["d"] * layers)), 0)
 
 
 def random_batch(
@@ -308,35 +327,43 @@ def packed_step_seconds(batch: Batch, pack: bool, steps: int) -> tuple[float, fl
     return float(np.median(times[1:])), metrics.get("pack_fill", float(used))
 
 
+def memory_row(name: str, model: ModelConfig, setting: str, length: int) -> dict:
+    """The fitted peak of `model` (called `name`) under `setting` at `length` tokens a row."""
+    layers = model.num_hidden_layers
+    began = time.perf_counter()
+    fit = peak_model(model, TrainConfig().replace(**SETTINGS[setting]), length)
+    row = {
+        "model": name,
+        "setting": setting,
+        "layers": layers,
+        "T": length,
+        "peak_bytes_8_rows": predicted_peak(fit, layers, 8),
+        "fixed_bytes": fit["a"] + fit["b"] * layers,
+        "bytes_per_row": fit["c"] + fit["d"] * layers,
+        **{
+            f"largest_rows_{budget}": largest_rows(fit, layers, size)
+            for budget, size in BUDGETS.items()
+        },
+        "fit": fit,
+        "compile_s": time.perf_counter() - began,
+    }
+    print(
+        f"{name:22s} {setting:50s} 8 x {length}: "
+        f"{row['peak_bytes_8_rows'] / GiB:6.2f} GiB (fixed "
+        f"{row['fixed_bytes'] / GiB:5.2f}, per row {row['bytes_per_row'] / GiB:5.3f}); "
+        f"fits {row['largest_rows_24GiB']} rows in 24 GiB, {row['largest_rows_80GiB']} in 80",
+        flush=True,
+    )
+    return row
+
+
 def memory_part(length: int) -> dict:
-    """The compiled memory and parameter counts of every model and setting."""
+    """The compiled memory and parameter counts of every model and setting, and `LARGER`'s."""
     models = {"SmolLM2-135M": SMOLLM2_135M, "Qwen2.5-0.5B (random)": QWEN25_05B}
     rows_out, params_out = [], []
     for name, model in models.items():
-        layers = model.num_hidden_layers
-        for setting, options in SETTINGS.items():
-            began = time.perf_counter()
-            fit = peak_model(model, TrainConfig().replace(**options), length)
-            row = {
-                "model": name,
-                "setting": setting,
-                "layers": layers,
-                "T": length,
-                "peak_bytes_8_rows": predicted_peak(fit, layers, 8),
-                "fixed_bytes": fit["a"] + fit["b"] * layers,
-                "bytes_per_row": fit["c"] + fit["d"] * layers,
-                "largest_rows_24GiB": largest_rows(fit, layers),
-                "fit": fit,
-                "compile_s": time.perf_counter() - began,
-            }
-            rows_out.append(row)
-            print(
-                f"{name:22s} {setting:50s} 8 x {length}: "
-                f"{row['peak_bytes_8_rows'] / GiB:6.2f} GiB (fixed "
-                f"{row['fixed_bytes'] / GiB:5.2f}, per row {row['bytes_per_row'] / GiB:5.3f}); "
-                f"fits {row['largest_rows_24GiB']} rows",
-                flush=True,
-            )
+        for setting in SETTINGS:
+            rows_out.append(memory_row(name, model, setting, length))
         for label, options in {
             "LoRA r8, all seven projections": {"lora_rank": 8},
             "LoRA r8, attention only": {"lora_rank": 8, "lora_modules": ATTENTION},
@@ -348,7 +375,8 @@ def memory_part(length: int) -> dict:
                 f"({100 * counts['share']:.2f}%)",
                 flush=True,
             )
-    return {"memory": rows_out, "parameters": params_out}
+    larger = [memory_row(name, model, LARGER_SETTING, length) for name, model in LARGER.items()]
+    return {"memory": rows_out, "larger": larger, "parameters": params_out}
 
 
 def timing_part(steps: int) -> dict:
@@ -405,6 +433,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=1024, help="tokens per row")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per setting")
+    parser.add_argument(
+        "--only",
+        choices=("memory", "timing"),
+        help="run this part alone, keeping the other's recorded numbers",
+    )
     parser.add_argument("--part", choices=("memory", "timing"), help=argparse.SUPPRESS)
     parser.add_argument("--part-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -414,18 +447,21 @@ def main() -> None:
         return
     began = time.perf_counter()
     argv = ["--length", str(args.length), "--steps", str(args.steps)]
+    flags = {"memory": FLAGS, "timing": None}
+    kept = json.loads(RESULTS.read_text()) if args.only else {}
     results = {
+        **kept,
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "jax": jax.__version__,
             "backend": jax.default_backend(),
         },
-        "budget_bytes": BUDGET,
+        "budget_bytes": BUDGETS,
         "compile_flags": FLAGS,
-        **run_part("memory", argv, FLAGS),
-        **run_part("timing", argv, None),
     }
+    for part in (args.only,) if args.only else flags:
+        results.update(run_part(part, argv, flags[part]))
     results["wall_s"] = time.perf_counter() - began
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS} in {results['wall_s']:.0f} s")

@@ -4,6 +4,7 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: gae_tunix -->`, `<!-- bench: train -->`, `<!-- bench: models -->`,
 `<!-- bench: smollm2_arithmetic -->`, `<!-- bench: smollm2_lora -->`, `<!-- bench: processes -->`,
 `<!-- bench: memory -->`, `<!-- bench: lora_params -->`, `<!-- bench: memory_steps -->`,
+`<!-- bench: peak_memory -->`,
 `<!-- bench: defaults -->`, `<!-- bench: defaults_kl_bound -->`, `<!-- bench: sampler -->`,
 `<!-- bench: trl_grpo -->`, `<!-- bench: trl_grpo_kept -->`, `<!-- bench: trl_grpo_overlap -->`,
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
@@ -211,7 +212,8 @@ def processes_table() -> str:
 
 
 def memory_table() -> str:
-    """Each model and setting's compiled peak at 8 rows and the most rows that fit 24 GiB."""
+    """Each model and setting's compiled peak at 8 rows and the most rows that fit 24 and 80 GiB;
+    the larger models' rows last."""
     results = load("memory")
     gib = 2**30
     rows = [
@@ -220,8 +222,9 @@ def memory_table() -> str:
             row["setting"],
             f"{row['peak_bytes_8_rows'] / gib:.2f}",
             f"{row['largest_rows_24GiB']}",
+            f"{row['largest_rows_80GiB']}",
         ]
-        for row in results["memory"]
+        for row in results["memory"] + results["larger"]
     ]
     length = results["memory"][0]["T"]
     header = [
@@ -229,7 +232,25 @@ def memory_table() -> str:
         "setting",
         f"peak GiB, 8 x {length}",
         f"rows x {length} in 24 GiB",
+        "in 80 GiB",
     ]
+    return markdown_table(header, rows)
+
+
+def peak_memory_table() -> str:
+    """Each README command's peak RSS against the budget of what it needs."""
+    gib = 2**30
+    rows = [
+        [
+            f"`{run['command']}`",
+            f"{run['rows']}",
+            f"{run['budget_bytes'] / gib:.2f}",
+            f"{run['peak_rss_bytes'] / gib:.2f}",
+            f"{run['ratio']:.2f}x",
+        ]
+        for run in load("peak_memory")["commands"].values()
+    ]
+    header = ["command", "rows", "budget GiB", "peak RSS GiB", "peak / budget"]
     return markdown_table(header, rows)
 
 
@@ -498,6 +519,8 @@ def expand(match: re.Match) -> str:
         return lora_params_table()
     if table == "memory_steps":
         return memory_steps_table()
+    if table == "peak_memory":
+        return peak_memory_table()
     if table == "guess":
         return guess_table()
     if table in ("episodes", "episodes_guess"):

@@ -10,6 +10,7 @@ from flax import nnx
 
 from dew.batch import Batch
 from dew.models.llama import build
+from dew.models.lora import add_lora, trainable
 from dew.models.outputs import chunked_token_log_probs, log_probs, token_log_probs
 from dew.models.registry import SIZES
 from dew.objectives.sft import SFT
@@ -76,6 +77,34 @@ def test_remat_with_chunks_has_the_plain_gradients():
     assert_same(
         gradient(config, weighted, remat=True, logit_chunk=4), gradient(config, weighted), 1e-6
     )
+
+
+def test_remat_scans_runs_of_alike_layers_to_the_plain_gradients():
+    # Two full-attention layers between sliding ones: three runs, one of them scanned over two.
+    kinds = ("sliding_attention", "full_attention", "full_attention", "sliding_attention")
+    config = dataclasses.replace(
+        SIZES["tiny"], num_hidden_layers=4, sliding_window=3, layer_types=kinds
+    )
+    segments = jnp.array([[0, 0, 0, 1, 1, 1, 1, 2, 2], [0, 0, 0, 0, 0, 1, 1, 1, 1]])
+    assert_same(
+        gradient(config, weighted, segments=segments, remat=True),
+        gradient(config, weighted, segments=segments),
+        1e-6,
+    )
+
+
+def test_remat_gives_lora_adapters_their_plain_gradients():
+    policy = add_lora(build(dataclasses.replace(SIZES["tiny"], num_hidden_layers=3), 0), 2, 4.0)
+    graphdef, adapters, base = nnx.split(policy, trainable, ...)
+    # Adapters away from zero, so the base's kernels reach their gradients.
+    adapters = jax.tree.map(lambda x: x + 0.1, adapters)
+
+    def of(adapters, remat):
+        model = nnx.merge(graphdef, adapters, base)
+        return weighted(log_probs(model, TOKENS, MASK, remat=remat))
+
+    grad = jax.jit(jax.value_and_grad(of), static_argnums=1)
+    assert_same(grad(adapters, True), grad(adapters, False), 1e-6)
 
 
 def test_bfloat16_chunked_log_probs_match_the_unchunked():

@@ -63,7 +63,7 @@ def test_the_tutorials_run_fits_a_16_gib_machine_with_room_to_spare():
     config, _ = cli._parse_train(shlex.split(block.replace("\\\n", " ")))
     model = _memory.architecture(resolve_model("smollm2"))
     new_tokens = config.prompting.max_new_tokens
-    parts = _memory.estimate(model, config, 64, new_tokens, remat_frees=False)  # a CPU's
+    parts = _memory.estimate(model, config, 64, new_tokens)
     assert parts.total < 0.6 * 16 * 2**30
 
 

@@ -5,14 +5,12 @@ AdamW's two moments and a copied KL reference (or, with LoRA, the frozen base an
 adapters' state), the update's activations for one micro-batch, and the sampler's KV cache for
 the rollout drawn during the update. The activations' coefficients are fitted to XLA's own buffer
 assignment of the compiled update (`benchmarks/memory.py`, `benchmarks/results/memory.json`): per
-token and decoder layer `8 H + 4.9 I + heads x T` floats (`H` hidden, `I` intermediate, `T` the
-row length: the attention probabilities), three float32 `[T, V]` copies for the log-probs (two
-of a chunk with `--logit-chunk`), LoRA adding a fifth to the layers' share and `--remat` taking
-a quarter off it where it can (not under XLA's default CPU scheduler, which keeps what remat
-would free). It is within 0.97 to 1.26 of those compiles; on a CPU, the 17 GB a SmolLM2 run of
-4 x 4 rows of 316 tokens reached is estimated 15.0 GiB (16.1 GB), and the 10.1 GB of one of 128
-new tokens with `--remat --logit-chunk 128` 9.1 GiB (9.8 GB). A runtime allowance is added for
-XLA and Python.
+token and decoder layer `8 H + 4.9 I` floats (`H` hidden, `I` intermediate; plus `heads x T`
+attention probabilities where a row of `T <= 256` tokens is attended in one pass), two float32
+`[T, V]` copies for the log-probs (four of a chunk with `--logit-chunk`, as XLA lays them out).
+With `--remat` only each layer's input, `H` floats a token, stays for the backward pass, and one
+layer's activations at a time are recomputed. It is within 0.97 to 1.10 of those compiles. A
+runtime allowance is added for XLA and Python.
 """
 
 import dataclasses
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import jax
 
+from dew.models.attention import BLOCK
 from dew.models.llama import ModelConfig
 from dew.models.registry import ModelSource
 from dew.options import ConfigError
@@ -106,15 +105,13 @@ def estimate(
     width: int,
     max_new_tokens: int,
     devices: int = 1,
-    remat_frees: bool = True,
     rows: int | None = None,
 ) -> Estimate:
     """The `Estimate` of a run of `config` (a `TrainConfig`) on `model`, prompts `width` wide.
 
     `rows`: the training batch's rows (the objective's source says; default `--prompts` x
     `--group`), split into `--micro-batches` and over `devices`; the weights are whole on each
-    device unless `--fsdp`. `remat_frees`: whether XLA frees what `--remat` recomputes
-    (`_remat_frees`).
+    device unless `--fsdp`.
 
     Examples:
       >>> from dew.train.config import TrainConfig
@@ -137,11 +134,15 @@ def estimate(
     rows = -(-rows // devices)
     length = width + max_new_tokens
     chunk = min(memory.logit_chunk or length, length)
-    logits = (2 if memory.logit_chunk else 3) * 4 * rows * chunk * model.vocab_size
+    logits = (4 if memory.logit_chunk else 2) * 4 * rows * chunk * model.vocab_size
     per_token = 8 * model.hidden_size + 4.9 * model.intermediate_size
-    per_token += model.num_attention_heads * length
-    layers = 4 * per_token * rows * length * model.num_hidden_layers
-    layers *= (1.2 if lora.lora_rank else 1.0) * (0.75 if memory.remat and remat_frees else 1.0)
+    if length <= BLOCK:  # attended in one pass, its probabilities held (`dew.models.attention`)
+        per_token += model.num_attention_heads * length
+    if memory.remat:  # the layers' inputs, and one layer recomputed at a time
+        per_token += model.hidden_size * model.num_hidden_layers
+    else:
+        per_token *= model.num_hidden_layers
+    layers = 4 * per_token * rows * length
     kv = 2 * model.num_key_value_heads * model.dim_per_head * model.num_hidden_layers
     sampled = -(-config.rollout.prompts * config.rollout.group // devices)
     copy = 2 * params if config.rollout.sample_dtype == "bfloat16" else 0  # `--sample-dtype`'s
@@ -153,16 +154,6 @@ def estimate(
     if not config.asynchronous.rollout_devices:  # queued steps' copies of the trained weights
         sampler += 4 * trained * config.asynchronous.max_staleness
     return Estimate(int(weights), int(logits), int(layers), int(sampler))
-
-
-def _remat_frees() -> bool:
-    """Whether the backend frees what remat recomputes.
-
-    XLA's default CPU scheduler does not: it schedules for parallelism (`docs/training.md`,
-    "Which memory setting when").
-    """
-    memory_first = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-    return jax.default_backend() != "cpu" or memory_first in os.environ.get("XLA_FLAGS", "")
 
 
 def available_bytes() -> int | None:
@@ -253,7 +244,7 @@ def check_memory(
     free = available_bytes()
     if model is None or free is None:
         return
-    parts = estimate(model, config, width, max_new_tokens, devices, _remat_frees(), rows)
+    parts = estimate(model, config, width, max_new_tokens, devices, rows)
     need = parts.total
     where = "on the device" if jax.devices()[0].platform != "cpu" else "in this machine"
     said = f"this run needs about {need / GiB:.1f} GiB and {free / GiB:.1f} GiB is free {where}"
