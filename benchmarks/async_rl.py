@@ -2,13 +2,14 @@
 
 Run by hand from the repository root:
 
-    uv run python benchmarks/async_rl.py learning [--seeds N] [--steps S]
+    uv run python benchmarks/async_rl.py learning [--seeds N] [--steps S] [--task T] [--staleness K]
     uv run python benchmarks/async_rl.py throughput [--steps S] [--repeats R]
 
 `learning` trains the digit demo (`dew train`'s defaults: GRPO, reverse, the default model, 32
 prompts x 8, 250 steps) for each seed with K = 0, 1, 2, 4, 8, 16 and the importance correction
 on (`--tis-cap 2`, token-level truncation), and with K = 4, 8, 16 without it, the runs of one seed
-taken in turn. It
+taken in turn. `--task add --staleness 0,1,2,4` trains the digit addition task instead (the
+corrected runs of those K alone) and writes `async_learning_add.json`. It
 records each run's reward curve, the mean reward of its last 20 steps, its greedy held-out reward
 and the first step whose reward reaches 0.9, and writes `benchmarks/results/async_learning.json`.
 
@@ -17,8 +18,7 @@ medians kept), and reports steady steps/s (wall time from the end of step 2 to t
 samples/s:
 
 - `slow environment`: the guessing game of several turns, each `step` of the environment
-  sleeping `SlowGuess.LATENCY` seconds (50 ms, as a web API would), 16 prompts x 8; K > 0 draws two steps at
-  once (`dew.train._pipeline.DRAWS`), and once more one at a time, to tell what that adds;
+  sleeping `SlowGuess.LATENCY` seconds (50 ms, as a web API would), 16 prompts x 8;
 - `long tail`: the digit demo's untrained policy with `--max-new-tokens 96`: completions end at
   the stop token, which an untrained policy draws with a geometric tail of lengths;
 - `own devices`: in a child process with two host devices, the digit demo with the sampler on
@@ -42,11 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-import dew.train._pipeline as pipeline
 from dew.rollout.episode import EpisodeLimits, Episodes
 from dew.tasks.guess import NumberGuess
 from dew.train import TrainConfig
-from dew.train._pipeline import DRAWS
 from dew.train.trainer import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,13 +72,14 @@ def _config(staleness: int, corrected: bool, **options) -> TrainConfig:
     return config.replace(max_staleness=staleness, checkpoint_every=10_000, **options)
 
 
-def learning(seeds: int, steps: int) -> dict:
+def learning(seeds: int, steps: int, task: str, settings: list[tuple[int, bool]]) -> dict:
     """Each (K, corrected) run of each seed: its curve, last-20 mean, greedy reward, step to 0.9."""
     runs = []
     for seed in range(seeds):
-        for staleness, corrected in LEARNING:
+        for staleness, corrected in settings:
             with tempfile.TemporaryDirectory() as out:
-                config = _config(staleness, corrected, steps=steps, seed=seed, out=out)
+                options = {"steps": steps, "seed": seed, "task": task, "out": out}
+                config = _config(staleness, corrected, **options)
                 result = train(config, quiet=True)
             curve = [row["reward"] for row in result.history]
             reached = [row["step"] for row in result.history if row["reward"] >= 0.9]
@@ -100,7 +99,7 @@ def learning(seeds: int, steps: int) -> dict:
                 f"{runs[-1]['last_20']:.3f}, greedy {result.greedy_reward:.3f}",
                 flush=True,
             )
-    return {"steps": steps, "seeds": seeds, "runs": runs}
+    return {"task": task, "steps": steps, "seeds": seeds, "runs": runs}
 
 
 class SlowGuess(NumberGuess):
@@ -120,16 +119,7 @@ def _steady(history: list[dict], rows: int) -> dict[str, float]:
     return {"steps_per_s": steps / seconds, "samples_per_s": steps * rows / seconds}
 
 
-def _slow_environment(staleness: int, steps: int, out: str, draws: int = DRAWS) -> dict:
-    """The slow guessing game's steady rates, the sampler ahead drawing `draws` steps at once."""
-    pipeline.DRAWS = draws
-    try:
-        return _slow_game(staleness, steps, out)
-    finally:
-        pipeline.DRAWS = DRAWS
-
-
-def _slow_game(staleness: int, steps: int, out: str) -> dict[str, float]:
+def _slow_environment(staleness: int, steps: int, out: str) -> dict[str, float]:
     config = _config(staleness, True, task="guess", environment="dew.tasks.guess:NumberGuess")
     config = config.replace(steps=steps, prompts=16, group=8, max_turns=4, out=out)
     config = config.replace(max_episode_tokens=16)
@@ -173,9 +163,6 @@ def throughput(steps: int, repeats: int) -> dict:
         ("slow environment", "K=0"): lambda out: _slow_environment(0, steps, out),
         ("slow environment", "K=1"): lambda out: _slow_environment(1, steps, out),
         ("slow environment", "K=2"): lambda out: _slow_environment(2, steps, out),
-        ("slow environment", "K=2, one draw at a time"): lambda out: _slow_environment(
-            2, steps, out, draws=1
-        ),
         ("long tail", "K=0"): lambda out: _long_tail(0, steps, out),
         ("long tail", "K=1"): lambda out: _long_tail(1, steps, out),
         ("own devices", "shared, K=0"): lambda out: _own_devices(0, 0, steps, out),
@@ -205,10 +192,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--task", default="reverse", help="learning: the digit task to train")
+    parser.add_argument(
+        "--staleness", help="learning: the K to run, corrected, comma-separated (default: all)"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
+    name = args.what if args.task == "reverse" else f"{args.what}_{args.task}"
     if args.what == "learning":
-        result = learning(args.seeds, args.steps or 250)
+        settings = LEARNING
+        if args.staleness:
+            settings = [(int(k), True) for k in args.staleness.split(",")]
+        result = learning(args.seeds, args.steps or 250, args.task, settings)
     else:
         result = throughput(args.steps or 12, args.repeats)
         print(f"{'job':18} {'setting':12} {'steps/s':>8} {'samples/s':>10} {'x':>6}")
@@ -218,7 +213,7 @@ def main() -> None:
                 f"{row['samples_per_s']:>10.1f} {row['x_first']:>6.2f}"
             )
     result["machine"] = {**_machine(), "load_average_before": load_before}
-    path = RESULTS / f"async_{args.what}.json"
+    path = RESULTS / f"async_{name}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
 

@@ -10,7 +10,8 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
 `<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
-`<!-- bench: flops -->`, `<!-- bench: async_learning -->` or `<!-- bench: async_throughput -->`;
+`<!-- bench: flops -->`, `<!-- bench: async_learning -->`, `<!-- bench: async_learning_add -->`
+or `<!-- bench: async_throughput -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -451,9 +452,9 @@ def episodes_table(results: str) -> str:
     return markdown_table([header, *columns], rows)
 
 
-def async_learning_table() -> str:
+def async_learning_table(name: str) -> str:
     """Per (K, correction): the median and range over seeds of the last 20 steps and greedy."""
-    r = load("async_learning")
+    r = load(name)
     settings: dict = {}
     for run in r["runs"]:
         settings.setdefault((run["staleness"], run["corrected"]), []).append(run)
@@ -525,8 +526,8 @@ def expand(match: re.Match) -> str:
         return guess_table()
     if table in ("episodes", "episodes_guess"):
         return episodes_table(table)
-    if table == "async_learning":
-        return async_learning_table()
+    if table in ("async_learning", "async_learning_add"):
+        return async_learning_table(table)
     if table == "async_throughput":
         return async_throughput_table()
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
