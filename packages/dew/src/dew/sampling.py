@@ -281,7 +281,7 @@ def _head_slots(cache, attended: int | None):
     """The cache's first `attended` slots (the whole cache when None)."""
     if attended is None:
         return cache
-    return jax.tree.map(lambda whole: whole[:, :attended], cache)
+    return jax.tree.map(lambda whole: whole[:, :, :attended], cache)
 
 
 def _with_head_slots(cache, head):
@@ -289,7 +289,7 @@ def _with_head_slots(cache, head):
     if head is cache:
         return cache
     return jax.tree.map(
-        lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=1), cache, head
+        lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=2), cache, head
     )
 
 
