@@ -1,6 +1,7 @@
 """The policy model: log-prob alignment and masking, KV-cache decoding, GQA, packing, value head."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +81,36 @@ def test_decode_at_per_row_positions_ignores_prompt_padding():
     for row, length in enumerate(lengths.tolist()):
         alone = model(tokens[row : row + 1, : length + 1])[0, -1]
         np.testing.assert_allclose(logits[row, 0], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_decode_loop_writes_the_cache_in_place(batch):
+    # Held slots first, the cache was copied into heads-first order in every layer at every
+    # step; at batch 1 a row-wise write was computed twice, each on a copy of the cache.
+    config = dataclasses.replace(TINY, num_attention_heads=4, num_key_value_heads=2)
+    graphdef, params = nnx.split(build(config, 0))
+    cache = nnx.merge(graphdef, params).init_cache(batch, 64)
+
+    def steps(params, cache):
+        model = nnx.merge(graphdef, params)
+
+        def step(i, carry):
+            tokens, cache = carry
+            logits, cache = model.decode(tokens, jnp.full((batch,), 8) + i, cache)
+            return logits[:, :, :].argmax(-1).astype(jnp.int32), cache
+
+        return jax.lax.fori_loop(0, 4, step, (jnp.ones((batch, 1), jnp.int32), cache))
+
+    compiled = jax.jit(steps, donate_argnums=1).lower(params, cache).compile().as_text()
+    size = cache[0][0].size
+    copied = [
+        line
+        for line in compiled.splitlines()
+        if re.search(r"= \w+\[([\d,]+)\]\S* (copy|transpose)\(", line)
+        and np.prod([int(d) for d in re.search(r"\[([\d,]+)\]", line).group(1).split(",")]) == size
+    ]
+    assert cache[0][0].shape == (batch, 2, 64, config.dim_per_head)
+    assert copied == []
 
 
 def test_gqa_needs_heads_divisible_by_kv_heads():

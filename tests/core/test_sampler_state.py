@@ -44,7 +44,7 @@ def test_extend_writes_several_tokens_as_decode_writes_them_one_by_one(model):
     np.testing.assert_allclose(logits[1, :2], full[1, 2:4], atol=1e-5)
     for (keys, values), (step_keys, step_values) in zip(extended, stepped, strict=True):
         np.testing.assert_allclose(keys[1], step_keys[1], atol=1e-6)  # nothing past slot 3
-        np.testing.assert_allclose(values[:, :4], step_values[:, :4], atol=1e-6)
+        np.testing.assert_allclose(values[:, :, :4], step_values[:, :, :4], atol=1e-6)
     with pytest.raises(ValueError, match=r"extend takes tokens \[B, S\] and positions \[B, S\]"):
         model.extend(tokens[:, 2:], positions[:, :2], cache)
 

@@ -300,10 +300,10 @@ def _in_head_slots(step: Callable, state: SamplerState, attended: int | None) ->
     """
     if attended is None:
         return step(state)
-    head = jax.tree.map(lambda whole: whole[:, :attended], state.cache)
+    head = jax.tree.map(lambda whole: whole[:, :, :attended], state.cache)
     stepped = step(dataclasses.replace(state, cache=head))
     cache = jax.tree.map(
-        lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=1),
+        lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=2),
         state.cache,
         stepped.cache,
     )

@@ -42,7 +42,9 @@ def _one_pass(q, k, v, mask, scale, softcap):
     scores = _scores(q, k, scale, softcap)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgsl,blkd->bskgd", weights, v)
+    # Heads first, then moved: written `bskgd` at once, XLA:CPU copied a batch-1 decoding
+    # step's value cache to `[kv, D, L]` in every layer.
+    return jnp.moveaxis(jnp.einsum("bkgsl,blkd->bkgsd", weights, v), 3, 1)
 
 
 def _blocks(x: jax.Array, axis: int, block: int) -> jax.Array:

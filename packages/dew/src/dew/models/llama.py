@@ -54,7 +54,11 @@ __all__ = [
 ]
 
 Cache = tuple[tuple[jax.Array, jax.Array], ...]
-"""A KV cache: per layer, keys and values `[batch, length, kv_heads, head_dim]`."""
+"""A KV cache: per layer, keys and values `[batch, kv_heads, length, head_dim]`.
+
+Heads before slots, the order attention's matmuls read them in: a cache held slots first was
+copied into this order in every layer at every decoding step.
+"""
 
 ROPE_TYPES = ("default", "linear", "llama3")
 """The rotary frequency schedules Dew implements (transformers' `rope_type`)."""
@@ -341,6 +345,21 @@ def _projections(x: jax.Array, layers: tuple[nnx.Module, ...]) -> list[jax.Array
     ]
 
 
+def _written(cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+    """`cache` `[B, kv, L, D]` with `new` `[B, S, kv, D]` in the slots `positions` `[B, S]`.
+
+    A position at or past `L` is written nowhere (JAX drops out-of-bounds updates). The write
+    is one scatter over the `B * kv` (row, head) pairs: at batch 1 a scatter over the rows alone
+    becomes a dynamic-update-slice that XLA computes twice, once for the step's cache and once
+    for attention's batch-free view of it, each on a copy of the whole cache.
+    """
+    batch, heads, slots, dim = cache.shape
+    pairs = jnp.arange(batch * heads)[:, None]
+    at = jnp.repeat(positions, heads, axis=0)
+    new = jnp.swapaxes(new, 1, 2).reshape(batch * heads, -1, dim).astype(cache.dtype)
+    return cache.reshape(-1, slots, dim).at[pairs, at].set(new).reshape(cache.shape)
+
+
 class Attention(nnx.Module):
     """Causal multi-head attention with rotary positions and grouped key/value heads.
 
@@ -387,10 +406,12 @@ class Attention(nnx.Module):
         inv_freq = rope_frequencies(self.config, self.local)
         q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
         if cache is not None:
-            rows = jnp.arange(batch)[:, None]
-            k = cache[0].at[rows, positions].set(k.astype(cache[0].dtype))
-            v = cache[1].at[rows, positions].set(v.astype(cache[1].dtype))
-            cache = (k, v)
+            cache = tuple(
+                _written(whole, new, positions) for whole, new in zip(cache, (k, v), strict=True)
+            )
+            # `attend` takes slots before heads; XLA folds this transpose into the one its
+            # matmuls make, and reads the cache where it lies.
+            k, v = (jnp.swapaxes(whole, 1, 2) for whole in cache)
         else:
             cache = (k, v)
             if prefix is not None:
@@ -646,14 +667,14 @@ class Policy(nnx.Module):
         return self.unembed(self.hidden(tokens, segments))
 
     def init_cache(self, batch: int, length: int) -> Cache:
-        """An empty KV cache: per layer, keys and values `[batch, length, kv_heads, head_dim]`.
+        """An empty KV cache: per layer, keys and values `[batch, kv_heads, length, head_dim]`.
 
         Stored in the parameters' dtype (`ModelConfig.dtype`), or in the embeddings' where they
         are held narrower (a bfloat16 copy of float32 weights, sampled from): keys and values
         computed from bfloat16 weights are bfloat16, and a wider cache would only hold them
         at twice the bytes.
         """
-        shape = (batch, length, self.config.num_key_value_heads, self.config.dim_per_head)
+        shape = (batch, self.config.num_key_value_heads, length, self.config.dim_per_head)
         held = self.embed_tokens.embedding[...].dtype
         dtype = min(self.config.param_dtype, held, key=lambda dtype: dtype.itemsize)
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
@@ -665,7 +686,7 @@ class Policy(nnx.Module):
         overwrites them one by one and never attends past its own position.
         """
         check_tokens(tokens, "tokens")
-        slots = cache[0][0].shape[1]
+        slots = cache[0][0].shape[2]
         if tokens.shape[1] > slots:
             raise ValueError(f"tokens [B, {tokens.shape[1]}] do not fit a cache of {slots} slots")
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
@@ -704,7 +725,7 @@ class Policy(nnx.Module):
 
     def _cached(self, tokens, positions, cache):
         """Logits of `tokens` at `positions` `[B, S]`, attending to the cache's earlier slots."""
-        slots = jnp.arange(cache[0][0].shape[1])
+        slots = jnp.arange(cache[0][0].shape[2])
         mask = slots[None, None, :] <= positions[:, :, None]
         masks = _windowed(mask, positions, slots, self._windows())
         x = self.embed(tokens)
