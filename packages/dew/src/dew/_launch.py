@@ -64,9 +64,27 @@ def free_port() -> int:
       >>> 0 < free_port() < 65536
       True
     """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on this host that no process listens on now.
+
+    They are probed all at once, so no two are the same.
+
+    Examples:
+      >>> ports = free_ports(3)
+      >>> len(set(ports)), all(0 < port < 65536 for port in ports)
+      (3, True)
+    """
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def process_environment(count: int, index: int, port: int, transfers: int) -> dict[str, str]:
@@ -114,7 +132,7 @@ def launch(count: int, argv: list[str]) -> int:
 
     0 when every process finished; else the first failed process's status (1 for a signal).
     """
-    port = free_port()
+    port, *transfers = free_ports(count + 1)
     with tempfile.TemporaryDirectory(prefix="dew-launch-") as logs:
         errors = [Path(logs) / f"{index}.err" for index in range(count)]
         processes = []
@@ -123,7 +141,7 @@ def launch(count: int, argv: list[str]) -> int:
             processes.append(
                 subprocess.Popen(
                     [sys.executable, "-c", _RUN, *argv],
-                    env=process_environment(count, index, port, free_port()),
+                    env=process_environment(count, index, port, transfers[index]),
                     stdout=subprocess.DEVNULL if quiet else None,
                     stderr=errors[index].open("w") if quiet else None,
                 )
