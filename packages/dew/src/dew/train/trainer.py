@@ -86,9 +86,9 @@ __all__ = [
 
 
 _EVAL_STREAM = 0xE7A1 << 12
+"""Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
 _RESUMED = "dew/resumed-step"
 """The coordinator's key under which a resumed run's learner posts the step it restored."""
-"""Added to the step in the sampling keys of `--eval-every` evaluations, apart from every step's."""
 
 
 class TrainingError(RuntimeError):
