@@ -246,8 +246,15 @@ class RemoteSampler(AheadSampler):
     """
 
     def _submit(self, step: int, weights, prompts: Prompts, key: jax.Array) -> "Future[Rollout]":
-        posted = _posted(step, jax.process_index())
-        return self._thread.submit(lambda: self.placement.handed(collect(posted)))
+        return self._thread.submit(self._collect, _posted(step, jax.process_index()), weights)
+
+    def _collect(self, posted: str, sent) -> Rollout:
+        """The rollout posted under `posted`, on the learner's devices.
+
+        `sent`, the copy of the weights that samples it, is held until then: the transfer in
+        flight may still read it.
+        """
+        return self.placement.handed(collect(posted))
 
 
 def serve(sampler: AheadSampler, first: int, last: int, params, prompts_of) -> None:

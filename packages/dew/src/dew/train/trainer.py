@@ -294,7 +294,6 @@ class Trainer:
             return  # a sampler's process: the learner's arrays are the other processes'
         opt_state = optimizer(config.optimizer, _schedule_steps(config)).init(self.params)
         self.opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh, fsdp))
-        self.ref_params = None
         if self.objective.needs_reference:
             self.ref_params = (
                 _adapters_off(self.params)
