@@ -9,6 +9,10 @@ transformers stay out of Dew's dependencies; `gguf` lets transformers read the G
     python benchmarks/trl_smollm2.py --trl-python /tmp/trl-venv/bin/python \\
         [--steps 8] [--seeds 0,1] [--rounds 1] [--results PATH]
 
+At the defaults this takes most of an hour on a 2-core CPU, TRL's steps most of it (a Dew step
+took about 40 s there, a TRL step 2 to 4 minutes, on a loaded machine); each child holds 8 to
+10 GiB at its peak, so run it with that much memory free.
+
 This script imports only the standard library. Each run is a fresh child process: Dew's under
 `uv run` (this file again, `--child dew-train`), TRL's under `--trl-python` (`--child trl-train`);
 the runs alternate Dew, TRL, Dew, TRL... so that both meet the same machine load. First a Dew
@@ -58,8 +62,9 @@ trajectories differ and rewards compare as spreads over seeds); prompt padding (
 step's prompts to the file's longest prompt, 80 tokens, so one compiled program serves every step;
 TRL pads to each batch's longest; update tokens/s counts real tokens only, for both); the
 group-deviation epsilon (Dew 1e-6, TRL 1e-4); AdamW's weight-decay mask (moot at decay 0); the
-reward's symbolic fallback (Dew asks `math-verify` when a stated answer or reference is not a plain
-number; the rebuilt reward scores such a completion 0 and the checks count how often it occurs);
+reward's symbolic fallback (Dew asks `math-verify` when a stated answer is not a plain number; the
+rebuilt reward reads a number with trailing commas, "= 14, so", as math-verify does and scores
+anything else 0; the checks count how often Dew asked math-verify and every disagreement);
 threads (XLA uses every core, torch its default, recorded); Dew's own run also writes its metrics
 and a few samples every 5 steps, and a checkpoint after its last step, then its greedy reward;
 TRL saves and evaluates nothing; neither is in a step's seconds except Dew's metrics and samples.
@@ -282,6 +287,8 @@ def dew_prepare(spec: dict) -> dict:
     config = _config({"steps": spec["steps"]})
     flat = config.flat()
     objective = load_objective(config.objective, config.objective_options)
+    if objective.needs_reference:
+        raise SystemExit(f"{objective!r} keeps a reference model: this benchmark sets beta 0")
     if flat["micro_batches"] != 1 or flat["updates_per_rollout"] != 1:
         raise SystemExit("this benchmark assumes one micro-batch and one update per rollout")
     dtypes = {flat["param_dtype"], flat["compute_dtype"], flat["sample_dtype"]}
@@ -862,7 +869,7 @@ def main() -> None:
     if not Path(trl[0]).is_file():
         raise SystemExit(f"--trl-python: no such file {args.trl_python}")
     dew = ["uv", "run", "--frozen", "python"]
-    began = time.perf_counter()
+    began, load = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
         spec = {"folder": folder, "seeds": seeds, "steps": args.steps}
         settings = _call(dew, "dew-prepare", spec)
@@ -908,6 +915,7 @@ def main() -> None:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
+        "load_average_at_start": load,
     }
     print(f"load average {machine['load_average']}, {time.perf_counter() - began:.0f} s in all")
     settings.pop("probes")
