@@ -27,6 +27,16 @@ calls. `--guess` takes the shape of the number-guessing game as `benchmarks/gues
 a digit and the stop token, with 1 context token, `+` or `>`, between) and writes
 `benchmarks/results/episodes_guess.json`; its runs leave out the 1-context-token one, the same.
 
+A multi-turn batch feeds the model more tokens than it samples: each turn after the first
+feeds its context tokens (and the token drawn last before them). Where a pass is bound by its
+FLOPs, as a small model's passes are on a CPU, each fed token costs about what a sampled one
+does, so no cache can bring the sampled tokens/s of a run above `sampled / fed` of the single
+turn's (`bound`, the compute bound; the default shape's is 32 / 56 = 0.57). `fed/s vs single`
+is the ratio of the tokens fed per second (sampled and context) to the single turn's: what the
+turns and the cache cost beyond the context tokens' own work. A device whose decoding is bound
+by memory bandwidth (a GPU at these batch sizes) feeds a turn's context tokens in about the time
+of one decoding step, and comes near the 1-context-token run's ratio.
+
 Each `continue_state` takes its state's buffers (`donate=True`, as `Episodes` passes it), so
 no cache is copied. Each is jitted and warm, the runs take turns, and the median of `--repeats`
 runs is kept, and the fastest run too: on a shared machine the least disturbed one, the nearest
@@ -164,6 +174,14 @@ def main() -> None:
             graphdef, params, prompts, lengths, key, **episode
         ),
     }
+    fed = {
+        "single turn": sampled,
+        "single turn, episode's width": sampled,
+        "multi-turn, extended": sampled + args.rows * (turns - 1) * context,
+        "multi-turn, extended, 1 context token": sampled + args.rows * (turns - 1),
+        "multi-turn, re-prefilled": sampled
+        + args.rows * sum(len(prompt) + turn * (per_turn + context) for turn in range(turns)),
+    }
     if context == 1:
         del runs["multi-turn, extended, 1 context token"]  # the extended run is that one
     seconds = timed(runs, args.repeats)
@@ -171,10 +189,18 @@ def main() -> None:
     fastest = medians["single turn"]
     least = {name: min(values) for name, values in seconds.items()}
     print(f"{args.rows} rows x {turns} turns x {per_turn} tokens, {context} context tokens between")
-    print(f"{'':38s} {'median ms':>10s} {'tokens/s':>10s} {'vs single':>10s} {'fastest':>8s}")
+    bound = {name: sampled / fed[name] for name in runs}
+    print(
+        f"{'':38s} {'median ms':>10s} {'tokens/s':>10s} {'vs single':>10s} {'fastest':>8s} "
+        f"{'bound':>6s} {'fed/s vs single':>16s}"
+    )
     for name, median in medians.items():
         ratios = f"{fastest / median:10.2f} {least['single turn'] / least[name]:8.2f}"
-        print(f"{name:38s} {1e3 * median:10.1f} {sampled / median:10,.0f} {ratios}")
+        fed_ratio = fastest / median / bound[name]
+        print(
+            f"{name:38s} {1e3 * median:10.1f} {sampled / median:10,.0f} {ratios} "
+            f"{bound[name]:6.2f} {fed_ratio:16.2f}"
+        )
     machine = {
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -197,6 +223,11 @@ def main() -> None:
         "min_s": least,
         "fastest_ratio_to_single_turn": {
             name: least["single turn"] / value for name, value in least.items()
+        },
+        "fed_tokens": {name: fed[name] for name in runs},
+        "compute_bound_ratio": bound,
+        "fed_ratio_to_single_turn": {
+            name: fastest / median / bound[name] for name, median in medians.items()
         },
         "seconds": seconds,
     }

@@ -442,13 +442,18 @@ def episodes_table(results: str) -> str:
     rows = [
         [name, f"{1e3 * seconds:.1f}", f"{r['tokens_per_s'][name]:,.0f}",
          f"{r['ratio_to_single_turn'][name]:.2f}",
-         f"{r['fastest_ratio_to_single_turn'][name]:.2f}"]
+         f"{r['fastest_ratio_to_single_turn'][name]:.2f}",
+         f"{r['compute_bound_ratio'][name]:.2f}",
+         f"{r['fed_ratio_to_single_turn'][name]:.2f}"]
         for name, seconds in r["median_s"].items()
     ]  # fmt: skip
     header = (
         f"{r['rows']} rows x {r['turns']} turns x {r['per_turn']} tokens, {r['context']} between"
     )
-    columns = ["median ms", "sampled tokens/s", "x single turn", "fastest runs: x single turn"]
+    columns = [
+        "median ms", "sampled tokens/s", "x single turn", "fastest runs: x single turn",
+        "compute bound (sampled / fed)", "fed tokens/s x single turn",
+    ]  # fmt: skip
     return markdown_table([header, *columns], rows)
 
 
