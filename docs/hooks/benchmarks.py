@@ -10,8 +10,9 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
 `<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
-`<!-- bench: flops -->`, `<!-- bench: async_learning -->`, `<!-- bench: async_learning_add -->`
-or `<!-- bench: async_throughput -->`;
+`<!-- bench: flops -->`, `<!-- bench: async_learning -->`, `<!-- bench: async_learning_add -->`,
+`<!-- bench: async_throughput -->`, `<!-- bench: smollm2_learning -->` or
+`<!-- bench: trl_smollm2 -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -154,6 +155,48 @@ def smollm2_table(name: str) -> str:
         for name, run in (("before training", results["before"]), ("after", results["after"]))
     ]
     header = ["policy", "pass@1", f"pass@{k}", f"maj@{k}", "mean reward", "completion tokens"]
+    return markdown_table(header, rows)
+
+
+def smollm2_learning_table() -> str:
+    """The README's real-model command over seeds: held-out pass@1 at each evaluated step."""
+    results = load("smollm2_learning")
+    rows = [
+        [str(row["step"]), f"{row['seconds']:.0f}",
+         f"{row['pass@1']:.3f} ± {row['pass@1_ci']:.3f}",
+         f"{row['gain']:+.3f} ± {row['gain_ci']:.3f}",
+         ", ".join(f"{run['curve'][index]['pass@1']:.2f}" for run in results["runs"])]
+        for index, row in enumerate(results["table"])
+    ]  # fmt: skip
+    seeds = ", ".join(str(seed) for seed in results["seeds"])
+    header = ["step", "seconds into the run", "held-out pass@1 (95% CI)", "gain over step 0",
+              f"seeds {seeds}"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def trl_smollm2_table() -> str:
+    """Dew against TRL on SmolLM2 GRPO: medians over runs of the steady step's figures."""
+    results = load("trl_smollm2")
+    rows = []
+    for system in ("dew", "trl"):
+        runs = [run for run in results["runs"] if run["system"] == system]
+        medians = {
+            key: statistics.median(run[key] for run in runs)
+            for key in ("steady_s", "sample_tok_s", "update_tok_s", "peak_rss_mib")
+        }
+        rows.append([
+            "Dew" if system == "dew" else "TRL", str(len(runs)),
+            f"{medians['steady_s']:.1f}", f"{medians['sample_tok_s']:.0f}",
+            f"{medians['update_tok_s']:.0f}", f"{medians['peak_rss_mib'] / 1024:.1f}",
+        ])  # fmt: skip
+    ratios = results["ratios"]
+    rows.append([
+        "Dew / TRL", "", f"{ratios['steady_s']:.2f}",
+        f"{ratios['sample_tok_s']:.1f}", f"{ratios['update_tok_s']:.1f}",
+        f"{ratios['peak_rss_mib']:.2f}",
+    ])  # fmt: skip
+    header = ["", "runs", "steady step (s)", "sampling tokens/s", "update tokens/s",
+              "peak RSS (GiB)"]  # fmt: skip
     return markdown_table(header, rows)
 
 
@@ -513,6 +556,10 @@ def expand(match: re.Match) -> str:
         "trl_grpo_preload_seeds_10_19",
     ):
         return trl_grpo_table(table)
+    if table == "smollm2_learning":
+        return smollm2_learning_table()
+    if table == "trl_smollm2":
+        return trl_smollm2_table()
     if table in ("models", "models_default"):
         return models_table(table)
     if table == "flops":

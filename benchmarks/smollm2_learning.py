@@ -1,0 +1,135 @@
+"""The README's real-model command, as a user runs it, over seeds: held-out pass@1 along the run.
+
+Run by hand from the repository root (about 15 minutes a seed on a 2-core CPU):
+
+    uv run python benchmarks/smollm2_learning.py [--seeds 0,1,2] [--results PATH]
+
+For each seed it runs, as fresh processes, what the README says:
+
+    dew eval --model smollm2 --task arithmetic --seed S   (with the training run's evaluation
+        settings: its temperature, --eval-prompts and --eval-k; the untrained model, step 0)
+    dew train --model smollm2 --task arithmetic --objective grpo --seed S
+
+with nothing else on the command line, so the run takes the defaults a checkpoint brings
+(`dew.train.config.CHECKPOINT_DEFAULTS`), its held-out evaluation every `--eval-every` steps
+included. From each run's `metrics.jsonl` it reads the held-out pass@1 at each evaluated step and
+the wall time the run had taken by then (its `time`, compilation and evaluations included), and
+the mean training reward of each step.
+
+Prints, per evaluated step, the mean pass@1 over seeds with a 95% confidence interval (Student's
+t over the seeds), and the gain over step 0 paired by seed with its interval; writes `--results`
+(JSON) with every seed's curve, the machine's load average before and after, and the defaults.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dew.train import TrainConfig
+from dew.train.config import CHECKPOINT_DEFAULTS
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "smollm2_learning.json"
+COMMAND = ["--model", "smollm2", "--task", "arithmetic"]
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+"""Student's t quantile 0.975 by degrees of freedom (seeds - 1)."""
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """The mean of `values` and the half-width of its 95% Student's t interval (0 for one value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, T_975[len(values) - 1] * statistics.stdev(values) / len(values) ** 0.5
+
+
+def dew(*args: str) -> None:
+    """Runs `dew ARGS` as a user would, in a fresh process; raises if it fails."""
+    subprocess.run([Path(sys.executable).with_name("dew"), *args], check=True, cwd=ROOT)
+
+
+def one_seed(seed: int, evaluation: dict, folder: Path) -> dict:
+    """Step 0's held-out metrics, then the training run's evaluations and rewards, for `seed`."""
+    before = folder / f"eval-{seed}.jsonl"
+    began = time.perf_counter()
+    settings = {"--temperature": "temperature", "--prompts": "prompts", "--k": "k"}
+    flags = [text for flag, key in settings.items() for text in (flag, str(evaluation[key]))]
+    dew("eval", *COMMAND, "--seed", str(seed), *flags, "--out", str(before))
+    eval_s = time.perf_counter() - began
+    run = folder / f"run-{seed}"
+    dew("train", *COMMAND, "--objective", "grpo", "--seed", str(seed), "--out", str(run))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    start = json.loads(before.read_text().splitlines()[-1])
+    curve = [{"step": 0, "pass@1": start["eval/pass@1"], "seconds": 0.0}]
+    curve += [
+        {"step": row["step"], "pass@1": row["eval/pass@1"], "seconds": row["time"]}
+        for row in rows
+        if "eval/pass@1" in row
+    ]
+    return {
+        "seed": seed,
+        "curve": curve,
+        "step0_eval_s": eval_s,
+        "rewards": [row["reward"] for row in rows if "reward" in row],
+        "completion_tokens": [row["completion_tokens"] for row in rows if "reward" in row],
+        "run_s": rows[-1]["time"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    config = TrainConfig(model="smollm2", task="arithmetic", objective="grpo").replace(
+        **CHECKPOINT_DEFAULTS
+    )
+    evaluation = {
+        "temperature": config.rollout.temperature,
+        "prompts": config.evaluation.eval_prompts,
+        "k": config.evaluation.eval_k,
+    }
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as folder:
+        runs = [one_seed(seed, evaluation, Path(folder)) for seed in seeds]
+    steps = [point["step"] for point in runs[0]["curve"]]
+    table = []
+    print(f"{'step':>5} {'seconds':>8} {'pass@1 (95% CI)':>20} {'gain over step 0 (95% CI)':>26}")
+    for index, step in enumerate(steps):
+        values = [run["curve"][index]["pass@1"] for run in runs]
+        gains = [run["curve"][index]["pass@1"] - run["curve"][0]["pass@1"] for run in runs]
+        seconds = statistics.fmean(run["curve"][index]["seconds"] for run in runs)
+        (mean, half), (gain, gain_half) = interval(values), interval(gains)
+        table.append({"step": step, "seconds": seconds, "pass@1": mean, "pass@1_ci": half,
+                      "gain": gain, "gain_ci": gain_half})  # fmt: skip
+        print(f"{step:5d} {seconds:8.0f} {mean:11.3f} ± {half:.3f} {gain:17.3f} ± {gain_half:.3f}")
+    results = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "command": "dew train " + " ".join(COMMAND) + " --objective grpo --seed S",
+        "defaults": CHECKPOINT_DEFAULTS,
+        "evaluation": evaluation,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "seeds": seeds,
+        "table": table,
+        "runs": runs,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
