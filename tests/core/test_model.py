@@ -250,6 +250,64 @@ def test_a_prefix_shared_up_to_the_last_tokens_gives_the_full_passs_outputs(comp
     np.testing.assert_allclose(shared, compiled_outputs(model, tokens, mask).log_probs, atol=2e-6)
 
 
+@pytest.mark.parametrize("logit_chunk", [0, 4], ids=["whole", "chunked"])
+def test_the_outputs_at_a_temperature_are_of_the_scaled_logits(logit_chunk):
+    """Log-probs and entropy of softmax(logits / T), the distribution a sampler at T draws from,
+    in value and in gradient (the division is differentiated through)."""
+    temperature = 0.5
+    graphdef, params = nnx.split(build(TINY, 0))
+    tokens = tokens_of(5)
+    mask = jnp.broadcast_to(jnp.arange(9) >= 3, tokens.shape)
+    weights = jax.random.normal(jax.random.key(6), tokens.shape)
+
+    def outputs(params):
+        model = nnx.merge(graphdef, params)
+        return policy_outputs(
+            model, tokens, mask, entropy=True, logit_chunk=logit_chunk, temperature=temperature
+        )
+
+    def expected(params):
+        model = nnx.merge(graphdef, params)
+        scores = jax.nn.log_softmax(model.unembed(model.hidden(tokens))[:, :-1] / temperature)
+        picked = jnp.take_along_axis(scores, tokens[:, 1:, None], axis=-1)[..., 0]
+        entropy = -jnp.sum(jnp.exp(scores) * scores, axis=-1)
+        return [jnp.where(mask, jnp.pad(x, ((0, 0), (1, 0))), 0.0) for x in (picked, entropy)]
+
+    got, want = outputs(params), expected(params)
+    np.testing.assert_allclose(got.log_probs, want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.entropy, want[1], rtol=1e-5, atol=1e-5)
+    plain = policy_outputs(nnx.merge(graphdef, params), tokens, mask)
+    assert float(jnp.abs(got.log_probs - plain.log_probs).max()) > 0.1  # T changes them
+
+    def scalar(outputs):
+        return lambda params: jnp.sum(outputs(params)[0] * weights)
+
+    got_grad = jax.grad(scalar(lambda p: (outputs(p).log_probs,)))(params)
+    want_grad = jax.grad(scalar(expected))(params)
+    for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(jnp.abs(b).max()))
+
+
+def test_a_log_probs_gradient_in_the_logits_carries_one_over_the_temperature():
+    """d log softmax(z / T)[k] / dz = (onehot(k) - softmax(z / T)) / T."""
+    from dew.models.outputs import _entropy, _picked
+
+    logits = jax.random.normal(jax.random.key(7), (5,)) * 3
+    target, temperature = jnp.array(2), 0.7
+    grad = jax.grad(lambda z: _picked(z, target, temperature))(logits)
+    probs = jax.nn.softmax(logits / temperature)
+    np.testing.assert_allclose(grad, (jax.nn.one_hot(2, 5) - probs) / temperature, atol=1e-6)
+    entropy = -jnp.sum(probs * jnp.log(probs))
+    np.testing.assert_allclose(_entropy(logits, temperature=temperature), entropy, rtol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+def test_the_outputs_need_a_positive_temperature(temperature):
+    tokens = tokens_of(8)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        policy_outputs(build(TINY, 0), tokens, tokens > 0, temperature=temperature)
+
+
 def test_one_token_rows_have_no_log_probs():
     tokens = tokens_of(4, (2, 1))
     got = policy_outputs(build(TINY, 0), tokens, jnp.ones(tokens.shape, bool)).log_probs

@@ -393,6 +393,43 @@ def test_the_trainer_hands_the_entropy_to_an_objective_that_asks(tmp_path):
     assert history[0]["entropy"] > 0
 
 
+@pytest.mark.parametrize(
+    "packed, updates",
+    [(False, 2), (True, 2), (False, 1), (True, 1)],
+    ids=["rows", "packed", "one-update", "one-update-packed"],
+)
+def test_at_a_temperature_the_first_update_trains_the_policy_that_sampled(
+    tmp_path, packed, updates
+):
+    """At --temperature 0.7 the update's log-probs are of softmax(logits / 0.7), the sampler's:
+    before any update the old and behaviour log-probs agree (off-policy KL 0, ESS 1), and with
+    one update per rollout the reference's (its own pass, or the update's when packed) too."""
+    config = TrainConfig().replace(
+        objective="grpo", model="tiny", prompts=4, group=4, steps=1, temperature=0.7, pack=packed,
+        updates_per_rollout=updates, max_new_tokens=6, objective_options={"beta": 0.04},
+        out=str(tmp_path / "run"), checkpoint_every=1000,
+    )  # fmt: skip
+    row = train(config, task=Reverse(1, 3), quiet=True).history[0]
+    assert abs(row["off_policy/kl"]) < 1e-5, row["off_policy/kl"]
+    assert abs(row["off_policy/ess"] - 1) < 1e-5, row["off_policy/ess"]
+    if updates == 1:
+        assert abs(row["kl"]) < 1e-5, row["kl"]  # the reference is the policy, at 0.7 too
+
+
+def test_an_objective_on_fixed_completions_keeps_the_models_own_log_probs():
+    """SFT and DPO sample at --temperature only to measure the reward: their update's log-probs
+    stay at temperature 1; an RL objective's are at the rollout's."""
+    from dew.objectives.sft import SFT
+    from dew.train.update import _update_temperature
+
+    config = TrainConfig().replace(temperature=0.7)
+    assert _update_temperature(config, SFT()) == 1.0
+    assert _update_temperature(config, load_objective("dpo")) == 1.0
+    assert _update_temperature(config, load_objective("grpo")) == 0.7
+    dapo = load_objective("grpo", {"dynamic_sampling": True})
+    assert _update_temperature(config, dapo) == 0.7
+
+
 def test_clip_cov_draws_from_a_key_of_the_batch_so_a_resumed_run_draws_the_same(fixed):
     batch, lp = fixed
     assert bool(

@@ -5,6 +5,7 @@ run the model themselves; the same place is where memory-saving forms of the com
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -48,15 +49,33 @@ def _check_mask(tokens: jax.Array, mask: jax.Array) -> None:
         raise ValueError(f"mask must match tokens {tokens.shape}, got {mask.shape}")
 
 
-def _picked(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """`log_softmax(logits)[..., target]` in float32: `[..., V]` and `[...]` to `[...]`."""
-    scores = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def _scaled(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """`logits / temperature` in float32, as the sampler scales them (`dew.sampling`).
+
+    At `temperature` 1 the logits are returned as they are (cast), not divided: the same numbers
+    as a division by 1, with no op for them.
+    """
+    logits = logits.astype(jnp.float32)
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def _picked(logits: jax.Array, targets: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """`[...]` `log_softmax(logits / temperature)[..., target]` of `[..., V]` logits, in float32."""
+    scores = jax.nn.log_softmax(_scaled(logits, temperature), axis=-1)
     return jnp.take_along_axis(scores, targets[..., None], axis=-1)[..., 0]
 
 
-def _entropy(logits: jax.Array, targets: jax.Array | None = None) -> jax.Array:
-    """`[...]` entropy of the softmax of `[..., V]` logits, in float32; `targets` unused."""
-    scores = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def _entropy(
+    logits: jax.Array, targets: jax.Array | None = None, temperature: float = 1.0
+) -> jax.Array:
+    """`[...]` entropy of `softmax(logits / temperature)` of `[..., V]` logits, in float32;
+    `targets` unused."""
+    scores = jax.nn.log_softmax(_scaled(logits, temperature), axis=-1)
     return -jnp.sum(jnp.exp(scores) * scores, axis=-1)
 
 
@@ -150,13 +169,18 @@ def _predicting_states(
     return model.hidden(tokens[:, :length], cut, remat=remat, group=group, shared=shared)
 
 
-def _per_token(model, states, tokens, logit_chunk: int, per_token, skip: int = 0) -> jax.Array:
+def _per_token(
+    model, states, tokens, logit_chunk: int, per_token, skip: int = 0, temperature: float = 1.0
+) -> jax.Array:
     """`[B, T - 1]` `per_token(logits, next_tokens)` of the predicting `states` `[B, T - 1, H]`.
 
     The first `skip` states are not unembedded (their entries are 0): the caller knows a row's
     first `skip + 1` tokens are off the mask in every row, so nothing reads what they predict.
-    With `logit_chunk` the logits are made chunk by chunk (`_over_chunks`).
+    With `logit_chunk` the logits are made chunk by chunk (`_over_chunks`). `per_token` gets the
+    logits `model.unembed` returns (after the family's soft-cap) and `temperature` to divide them
+    by.
     """
+    per_token = functools.partial(per_token, temperature=temperature)
     states, tokens = states[:, skip:], tokens[:, skip:]
     if logit_chunk:
         out = _over_chunks(model, states, tokens, logit_chunk, per_token)
@@ -165,13 +189,19 @@ def _per_token(model, states, tokens, logit_chunk: int, per_token, skip: int = 0
     return jnp.pad(out, ((0, 0), (skip, 0)))
 
 
-def _log_probs_of_states(model, states, tokens, mask, logit_chunk: int, skip: int = 0):
-    return _aligned(_per_token(model, states, tokens, logit_chunk, _picked, skip), mask)
+def _log_probs_of_states(
+    model, states, tokens, mask, logit_chunk: int, skip: int = 0, temperature: float = 1.0
+):
+    picked = _per_token(model, states, tokens, logit_chunk, _picked, skip, temperature)
+    return _aligned(picked, mask)
 
 
-def _entropy_of_states(model, states, tokens, mask, logit_chunk: int, skip: int = 0):
+def _entropy_of_states(
+    model, states, tokens, mask, logit_chunk: int, skip: int = 0, temperature: float = 1.0
+):
     """`[B, T]` entropy of the distribution token t was drawn from, aligned as the log-probs."""
-    return _aligned(_per_token(model, states, tokens, logit_chunk, _entropy, skip), mask)
+    entropy = _per_token(model, states, tokens, logit_chunk, _entropy, skip, temperature)
+    return _aligned(entropy, mask)
 
 
 def _values_of_states(model, states, mask) -> jax.Array:
@@ -251,8 +281,19 @@ def policy_outputs(
     group: int = 1,
     shared: int = 0,
     unmasked: int = 0,
+    temperature: float = 1.0,
 ) -> PolicyOutputs:
     """`PolicyOutputs` of `model` on `tokens`: log-probs, values and entropy when asked.
+
+    The log-probs and the entropy are those of `softmax(logits / temperature)`, the distribution
+    a sampler at `temperature` draws from (`dew.sampling`), `logits` being what `model.unembed`
+    returns (after the family's soft-cap); the values do not depend on it. An RL update passes
+    the rollout's `--temperature`, as TRL (`GRPOTrainer._get_per_token_logps_and_entropies`) and
+    verl (the actor's `logits.div_(temperature)`) compute the policy's, old and reference
+    log-probs, so at one step per rollout the policy trained is the one that sampled. Top-p
+    truncation is not applied (as in both): at `--top-p` < 1 the sampler's behaviour log-probs
+    differ from these, and the importance options correct for it. `temperature` is a Python
+    number > 0 (greedy decoding never trains); at 1 the logits are not divided at all.
 
     `logit_chunk` and `remat` as in `log_probs`; with `logit_chunk` the entropy is computed
     chunk by chunk too. `shared` > 0 runs the first `shared` positions, the same in each group
@@ -272,10 +313,12 @@ def policy_outputs(
       ((1, 4), None)
     """
     _check_mask(tokens, mask)
+    _check_temperature(temperature)
     states = _predicting_states(model, tokens, segments, remat=remat, group=group, shared=shared)
     skip = max(min(unmasked, tokens.shape[1] - 1) - 1, 0)  # the states predicting those tokens
+    per_token = (model, states, tokens, mask, logit_chunk, skip, temperature)
     return PolicyOutputs(
-        _log_probs_of_states(model, states, tokens, mask, logit_chunk, skip),
+        _log_probs_of_states(*per_token),
         _values_of_states(model, states, mask) if values else None,
-        _entropy_of_states(model, states, tokens, mask, logit_chunk, skip) if entropy else None,
+        _entropy_of_states(*per_token) if entropy else None,
     )

@@ -73,6 +73,7 @@ from dew.train.update import (
     _compiled_reference,
     _compiled_update,
     _schedule_steps,
+    _update_temperature,
     optimizer,
 )
 
@@ -310,6 +311,8 @@ class Trainer:
             config.memory,
             config.precision.compute_dtype,
             _schedule_steps(config),
+            # The rollout's temperature for an objective that trains on the rollout itself.
+            _update_temperature(config, self.objective),
         )
         self.update_fn = _compiled_update(spec)
         # The reference pass runs beside the host's scoring (`_draw`), unless the rows are packed

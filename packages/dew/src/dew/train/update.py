@@ -33,6 +33,7 @@ from dew.compile_cache import KeptProgram, program_identity
 from dew.mesh import param_shardings, replicated
 from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
+from dew.rollout.sources import Sampled
 from dew.train._packing import Packing, packed_outputs, whole_batch
 from dew.train._precision import cast_floating
 from dew.train.config import MemoryOptions, OptimizerOptions, TrainConfig, UpdateOptions
@@ -102,6 +103,27 @@ def optimizer(options: OptimizerOptions, steps: int = 0) -> optax.GradientTransf
     )
 
 
+def _update_temperature(config: TrainConfig, objective: Objective) -> float:
+    """The temperature of the update's log-probs (`UpdateSpec.temperature`) for `objective`.
+
+    An objective whose batches are the rollouts (its `source` a `Sampled`, as every RL
+    objective's) trains the policy that sampled them: `softmax(logits / T)` at the run's
+    `--temperature` T, as TRL and verl divide the logits by it for the policy's, old and
+    reference log-probs. One that trains on fixed completions (SFT's `Demonstrations`, DPO's
+    `Preferences`, reward modeling's pairs) samples only to measure the reward, so its
+    log-probs stay the model's own (1).
+
+    Examples:
+      >>> from dew.objectives.sft import SFT
+      >>> config = TrainConfig().replace(temperature=0.7)
+      >>> _update_temperature(config, SFT())
+      1.0
+    """
+    if isinstance(objective.source, Sampled):
+        return float(config.rollout.temperature)
+    return 1.0
+
+
 def _schedule_steps(config: TrainConfig) -> int:
     """The optimizer steps a decaying `--lr-schedule` spans: the run's; 0 for a constant one.
 
@@ -154,10 +176,13 @@ def _outputs_of(
     memory: MemoryOptions = _PLAIN,
     packing: Packing | None = None,
     compute_dtype: str = "float32",
+    temperature: float = 1.0,
 ) -> PolicyOutputs:
     """`policy_outputs` of the policy `(graphdef, params, frozen)` on `batch`'s completion tokens.
 
     With `entropy`, the outputs carry each token's entropy (for an objective's entropy bonus).
+    The log-probs and entropy are of `softmax(logits / temperature)`, the distribution the
+    rollout was sampled from (`policy_outputs`; `UpdateSpec.temperature`).
 
     `frozen` holds the parameters the optimizer does not train (a LoRA run's base weights);
     `memory` chooses chunked log-probs and per-layer remat, `packing` runs the policy on the
@@ -190,6 +215,7 @@ def _outputs_of(
             group=batch.group,
             shared=shared,
             unmasked=shared,  # a rollout's shared prompt is off its completion mask
+            temperature=temperature,
         )
 
     if packing is not None:
@@ -210,6 +236,7 @@ def _rollout_fields(
     policy_pass: bool = True,
     packing: Packing | None = None,
     compute_dtype: str = "float32",
+    temperature: float = 1.0,
 ) -> Batch:
     """`batch` with `old_log_probs`, `values` and `ref_log_probs` filled as asked, detached.
 
@@ -221,7 +248,8 @@ def _rollout_fields(
     adapters at zero over the shared base; no reference pass runs when the objective has no KL
     term (`needs_reference` false) or when `batch` comes with its `ref_log_probs` (the trainer
     runs `make_reference`'s pass while the host scores the rollout). `packing` (of the whole
-    batch) runs both passes on packed rows; `compute_dtype` is the passes' (`_outputs_of`).
+    batch) runs both passes on packed rows; `compute_dtype` and `temperature` are the passes'
+    (`_outputs_of`): the old and the reference log-probs are of the sampled distribution too.
 
     Examples:
       >>> import numpy as np
@@ -250,6 +278,7 @@ def _rollout_fields(
         memory=memory,
         packing=packing,
         compute_dtype=compute_dtype,
+        temperature=temperature,
     )
     if policy_pass:
         outputs = jax.lax.stop_gradient(run(params, batch, objective.needs_values))
@@ -372,6 +401,9 @@ class UpdateSpec:
       memory: chunked log-probs and per-layer remat.
       compute_dtype: the dtype of the policy's passes (`--compute-dtype`).
       schedule_steps: the optimizer steps a decaying learning rate spans (`_schedule_steps`).
+      temperature: the passes' log-probs and entropy are of `softmax(logits / temperature)`
+        (`policy_outputs`): the rollout's `--temperature` for an objective that trains on its
+        rollouts, 1 for one that trains on fixed data (`_update_temperature`).
     """
 
     graphdef: nnx.GraphDef
@@ -383,6 +415,7 @@ class UpdateSpec:
     memory: MemoryOptions = dataclasses.field(default_factory=MemoryOptions)
     compute_dtype: str = "float32"
     schedule_steps: int = 0
+    temperature: float = 1.0
 
 
 def make_update(spec: UpdateSpec):
@@ -439,6 +472,7 @@ def make_update(spec: UpdateSpec):
         entropy=bool(getattr(objective, "needs_entropy", False)),
         memory=memory,
         compute_dtype=compute_dtype,
+        temperature=spec.temperature,
     )
 
     def applied(params, opt_state, grads, metrics):
@@ -487,6 +521,7 @@ def make_update(spec: UpdateSpec):
             policy_pass=policy_pass and not fused,
             packing=whole,
             compute_dtype=compute_dtype,
+            temperature=spec.temperature,
         )
         steps = spec.update.updates_per_rollout
         if fused:
@@ -568,10 +603,11 @@ def make_reference(spec: UpdateSpec, group: int, shared_prefix: int):
             frozen=frozen,
             memory=spec.memory,
             compute_dtype=spec.compute_dtype,
+            temperature=spec.temperature,
         )
         return jax.lax.stop_gradient(outputs.log_probs)
 
-    settings = (spec.memory, spec.compute_dtype, group, shared_prefix)
+    settings = (spec.memory, spec.compute_dtype, spec.temperature, group, shared_prefix)
     identity = program_identity(spec.graphdef, *settings)
     return KeptProgram(jax.jit(reference), "reference", identity)
 
