@@ -121,7 +121,6 @@ def main() -> None:
         "command": "dew train " + " ".join(COMMAND) + " --objective grpo --seed S",
         "defaults": CHECKPOINT_DEFAULTS,
         "evaluation": evaluation,
-        "max_new_tokens": config.rollout.max_new_tokens,
         "seeds": seeds,
         "table": table,
         "runs": runs,

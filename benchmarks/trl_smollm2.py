@@ -94,6 +94,7 @@ SETTINGS = {
     "group": 4,
     "max_new_tokens": 96,
     "lr": 1e-6,
+    "temperature": 1.0,
     "beta": 0.0,
     "aggregation": "token-mean",
     "level": 1,
@@ -254,6 +255,8 @@ def _config(spec: dict, out: str | None = None):
         "group": SETTINGS["group"],
         "max_new_tokens": SETTINGS["max_new_tokens"],
         "lr": SETTINGS["lr"],
+        "temperature": SETTINGS["temperature"],
+        "eval_every": 0,  # TRL evaluates nothing either
         "seed": spec.get("seed", 0),
     }
     objective = {"beta": SETTINGS["beta"], "aggregation": SETTINGS["aggregation"]}
