@@ -3,6 +3,7 @@
 Run by hand from the repository root (about 15 minutes a seed on a 2-core CPU):
 
     uv run python benchmarks/smollm2_learning.py [--seeds 0,1,2] [--results PATH]
+        [--max-staleness K --tis-cap X]
 
 For each seed it runs, as fresh processes, what the README says:
 
@@ -10,7 +11,9 @@ For each seed it runs, as fresh processes, what the README says:
         settings: its temperature, --eval-prompts and --eval-k; the untrained model, step 0)
     dew train --model smollm2 --task arithmetic --objective grpo --seed S
 
-with nothing else on the command line, so the run takes the defaults a checkpoint brings
+with nothing else on the command line (but `--max-staleness` and `--tis-cap` when given: the
+same run sampling up to K steps ahead of the learner, its loss corrected by token-level truncated
+importance sampling), so the run takes the defaults a checkpoint brings
 (`dew.train.config.CHECKPOINT_DEFAULTS`), its held-out evaluation every `--eval-every` steps
 included. From each run's `metrics.jsonl` it reads the held-out pass@1 at each evaluated step and
 the wall time the run had taken by then (its `time`, compilation and evaluations included), and
@@ -55,8 +58,11 @@ def dew(*args: str) -> None:
     subprocess.run([Path(sys.executable).with_name("dew"), *args], check=True, cwd=ROOT)
 
 
-def one_seed(seed: int, evaluation: dict, folder: Path) -> dict:
-    """Step 0's held-out metrics, then the training run's evaluations and rewards, for `seed`."""
+def one_seed(seed: int, evaluation: dict, folder: Path, extra: list[str]) -> dict:
+    """Step 0's held-out metrics, then the training run's evaluations and rewards, for `seed`.
+
+    `extra` are flags added to the training command.
+    """
     before = folder / f"eval-{seed}.jsonl"
     began = time.perf_counter()
     settings = {"--temperature": "temperature", "--prompts": "prompts", "--k": "k"}
@@ -64,7 +70,7 @@ def one_seed(seed: int, evaluation: dict, folder: Path) -> dict:
     dew("eval", *COMMAND, "--seed", str(seed), *flags, "--out", str(before))
     eval_s = time.perf_counter() - began
     run = folder / f"run-{seed}"
-    dew("train", *COMMAND, "--objective", "grpo", "--seed", str(seed), "--out", str(run))
+    dew("train", *COMMAND, "--objective", "grpo", "--seed", str(seed), "--out", str(run), *extra)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     start = json.loads(before.read_text().splitlines()[-1])
     curve = [{"step": 0, "pass@1": start["eval/pass@1"], "seconds": 0.0}]
@@ -87,7 +93,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--max-staleness", type=int, default=0, help="K (default 0)")
+    parser.add_argument("--tis-cap", type=float, help="token-level TIS cap (default: none)")
     args = parser.parse_args()
+    extra = ["--max-staleness", str(args.max_staleness)] if args.max_staleness else []
+    extra += ["--tis-cap", str(args.tis_cap)] if args.tis_cap is not None else []
     seeds = [int(s) for s in args.seeds.split(",")]
     config = TrainConfig(model="smollm2", task="arithmetic", objective="grpo").replace(
         **CHECKPOINT_DEFAULTS
@@ -99,7 +109,7 @@ def main() -> None:
     }
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
-        runs = [one_seed(seed, evaluation, Path(folder)) for seed in seeds]
+        runs = [one_seed(seed, evaluation, Path(folder), extra) for seed in seeds]
     steps = [point["step"] for point in runs[0]["curve"]]
     table = []
     print(f"{'step':>5} {'seconds':>8} {'pass@1 (95% CI)':>20} {'gain over step 0 (95% CI)':>26}")
@@ -118,7 +128,7 @@ def main() -> None:
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "command": "dew train " + " ".join(COMMAND) + " --objective grpo --seed S",
+        "command": " ".join(["dew train", *COMMAND, "--objective grpo --seed S", *extra]),
         "defaults": CHECKPOINT_DEFAULTS,
         "evaluation": evaluation,
         "seeds": seeds,

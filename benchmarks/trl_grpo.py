@@ -58,11 +58,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from children import call, ints, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
@@ -136,12 +137,6 @@ def summarise(rows: list[dict]) -> dict:
         "final_reward": sum(row["reward"] for row in tail) / len(tail) if tail else None,
         "steps": len(rows),
     }
-
-
-def _peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- Dew's side: run under `uv run`, imports Dew inside the functions ---------------------------
@@ -592,43 +587,7 @@ CHILDREN = {
 }
 
 
-def child_main(name: str, spec_path: str) -> None:
-    """Run child `name` on the spec in `spec_path`; write its result (with peak RSS) beside it."""
-    spec = json.loads(Path(spec_path).read_text())
-    result = CHILDREN[name](spec)
-    result["peak_rss_mib"] = _peak_rss_mib()
-    Path(spec["result"]).write_text(json.dumps(result))
-
-
 # --- the parent: stdlib only ---------------------------------------------------------------------
-
-
-def _call(command: list[str], name: str, spec: dict, env: dict | None = None) -> dict:
-    """Run child `name` with `spec` under `command`; its result, or exit naming what failed."""
-    with tempfile.TemporaryDirectory() as scratch:
-        spec = {**spec, "result": f"{scratch}/result.json"}
-        Path(scratch, "spec.json").write_text(json.dumps(spec))
-        done = subprocess.run(
-            [*command, str(SCRIPT), "--child", name, f"{scratch}/spec.json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-            env={**os.environ, **(env or {})},
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        return json.loads(Path(spec["result"]).read_text())
-
-
-def _ints(text: str, flag: str, low: int) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < low:
-        raise SystemExit(f"{flag}: expected integers >= {low}, got {text!r}")
-    return values
 
 
 def _modes(text: str) -> list[str]:
@@ -757,25 +716,25 @@ def main() -> None:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
-    seeds = _ints(args.seeds, "--seeds", 0)
-    threads = _ints(args.trl_threads, "--trl-threads", 1)
+    seeds = ints(args.seeds, "--seeds", 0)
+    threads = ints(args.trl_threads, "--trl-threads", 1)
     caches = _modes(args.dew_cache)
     trl = [str(Path(args.trl_python).expanduser())]
     if not Path(trl[0]).is_file():
         raise SystemExit(f"--trl-python: no such file {args.trl_python}")
     dew = ["uv", "run", "--frozen", "python"]
     with tempfile.TemporaryDirectory() as folder:
-        settings = _call(
-            dew, "dew-prepare", {"folder": folder, "seeds": seeds, "steps": args.steps}
+        settings = call(
+            SCRIPT, dew, "dew-prepare", {"folder": folder, "seeds": seeds, "steps": args.steps}
         )
-        checked = _call(trl, "trl-check", {"folder": folder, "settings": settings})
+        checked = call(SCRIPT, trl, "trl-check", {"folder": folder, "settings": settings})
         print(f"checked: reward {settings['reward_check']}, logits {checked['max_logit_diff']}")
         print(f"checked: one batch {checked['one_batch']}")
         steps = settings["steps"]
         cache_dir = f"{folder}/jax-cache"
         env = {"JAX_COMPILATION_CACHE_DIR": cache_dir}
         if "warm" in caches:
-            _call(dew, "dew-train", {"seed": seeds[0], "steps": 2, "cache": "warm"}, env)
+            call(SCRIPT, dew, "dew-train", {"seed": seeds[0], "steps": 2, "cache": "warm"}, env)
         dews = [("dew", mode) for mode in caches]
         trls = [("trl", count) for count in threads]
         # alternate Dew and TRL: dew-a, trl-a, dew-b, trl-b, ...
@@ -792,10 +751,11 @@ def main() -> None:
                     began = time.perf_counter()
                     if system == "dew":
                         spec = {"seed": seed, "steps": steps, "cache": option}
-                        result = _call(dew, "dew-train", spec, env)
+                        result = call(SCRIPT, dew, "dew-train", spec, env)
                     else:
                         spec = {"seed": seed, "steps": steps, "threads": option, "folder": folder}
-                        result = _call(
+                        result = call(
+                            SCRIPT,
                             trl,
                             "trl-train",
                             {**spec, "settings": settings},
@@ -821,6 +781,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child_main(sys.argv[2], sys.argv[3])
+        run_child(CHILDREN, sys.argv[2], sys.argv[3])
     else:
         main()

@@ -78,12 +78,13 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from fractions import Fraction
 from pathlib import Path
+
+from children import call, ints, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
@@ -229,12 +230,6 @@ def constructed(example: dict, rng) -> list[tuple[str, str]]:
         ("I cannot tell.", answer),
         ("", answer),
     ]
-
-
-def _peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- Dew's side: run under `uv run`, imports Dew inside the functions ---------------------------
@@ -672,43 +667,7 @@ CHILDREN = {
 }
 
 
-def child_main(name: str, spec_path: str) -> None:
-    """Run child `name` on the spec in `spec_path`; write its result (with peak RSS) beside it."""
-    spec = json.loads(Path(spec_path).read_text())
-    result = CHILDREN[name](spec)
-    result["peak_rss_mib"] = _peak_rss_mib()
-    Path(spec["result"]).write_text(json.dumps(result))
-
-
 # --- the parent: stdlib only ---------------------------------------------------------------------
-
-
-def _call(command: list[str], name: str, spec: dict, env: dict | None = None) -> dict:
-    """Run child `name` with `spec` under `command`; its result, or exit naming what failed."""
-    with tempfile.TemporaryDirectory() as scratch:
-        spec = {**spec, "result": f"{scratch}/result.json"}
-        Path(scratch, "spec.json").write_text(json.dumps(spec))
-        done = subprocess.run(
-            [*command, str(SCRIPT), "--child", name, f"{scratch}/spec.json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-            env={**os.environ, **(env or {})},
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        return json.loads(Path(spec["result"]).read_text())
-
-
-def _ints(text: str, flag: str, low: int) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < low:
-        raise SystemExit(f"{flag}: expected integers >= {low}, got {text!r}")
-    return values
 
 
 def _trained(row: dict) -> float:
@@ -867,7 +826,7 @@ def main() -> None:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
-    seeds = _ints(args.seeds, "--seeds", 0)
+    seeds = ints(args.seeds, "--seeds", 0)
     trl = [str(Path(args.trl_python).expanduser())]
     if not Path(trl[0]).is_file():
         raise SystemExit(f"--trl-python: no such file {args.trl_python}")
@@ -875,9 +834,9 @@ def main() -> None:
     began, load = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
         spec = {"folder": folder, "seeds": seeds, "steps": args.steps}
-        settings = _call(dew, "dew-prepare", spec)
+        settings = call(SCRIPT, dew, "dew-prepare", spec)
         print(f"checked: reward on constructed completions {settings['reward_check']}")
-        checked = _call(trl, "trl-check", {**spec, "settings": settings})
+        checked = call(SCRIPT, trl, "trl-check", {**spec, "settings": settings})
         print(f"checked: logits {checked['logits']}")
         print(f"checked: {checked['prompts_equal']} prompts' ids equal, {checked['versions']}")
         env = {"JAX_COMPILATION_CACHE_DIR": f"{folder}/jax-cache"}
@@ -890,11 +849,11 @@ def main() -> None:
                     spec = {"seed": seed, "steps": args.steps, "order": order}
                     if system == "dew":
                         data = f"{folder}/arithmetic.jsonl"
-                        result = _call(dew, "dew-train", {**spec, "data": data}, env)
+                        result = call(SCRIPT, dew, "dew-train", {**spec, "data": data}, env)
                     else:
                         completions = f"{folder}/completions-{seed}-{round_}.json"
                         spec |= {"settings": settings, "completions": completions}
-                        result = _call(trl, "trl-train", spec)
+                        result = call(SCRIPT, trl, "trl-train", spec)
                     wall = time.perf_counter() - started
                     run = {"system": system, "seed": seed, "round": round_, "wall_s": wall}
                     run |= {**result, **summarise(result["rows"])}
@@ -906,7 +865,7 @@ def main() -> None:
             for row in json.loads(path.read_text())
         ]
         Path(folder, "completions.json").write_text(json.dumps(sampled))
-        agreement = _call(dew, "dew-rewards", {"completions": f"{folder}/completions.json"})
+        agreement = call(SCRIPT, dew, "dew-rewards", {"completions": f"{folder}/completions.json"})
     print(f"checked: reward on TRL's completions {agreement}")
     print(steps_table(runs))
     print(table(runs))
@@ -939,6 +898,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child_main(sys.argv[2], sys.argv[3])
+        run_child(CHILDREN, sys.argv[2], sys.argv[3])
     else:
         main()

@@ -11,8 +11,8 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
 `<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
 `<!-- bench: flops -->`, `<!-- bench: async_learning -->`, `<!-- bench: async_learning_add -->`,
-`<!-- bench: async_throughput -->`, `<!-- bench: smollm2_learning -->` or
-`<!-- bench: trl_smollm2 -->`;
+`<!-- bench: async_throughput -->`, `<!-- bench: smollm2_learning -->`,
+`<!-- bench: smollm2_learning_k2 -->` or `<!-- bench: trl_smollm2 -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -158,9 +158,9 @@ def smollm2_table(name: str) -> str:
     return markdown_table(header, rows)
 
 
-def smollm2_learning_table() -> str:
+def smollm2_learning_table(name: str) -> str:
     """The README's real-model command over seeds: held-out pass@1 at each evaluated step."""
-    results = load("smollm2_learning")
+    results = load(name)
     rows = [
         [str(row["step"]), f"{row['seconds']:.0f}",
          f"{row['pass@1']:.3f} ± {row['pass@1_ci']:.3f}",
@@ -556,8 +556,8 @@ def expand(match: re.Match) -> str:
         "trl_grpo_preload_seeds_10_19",
     ):
         return trl_grpo_table(table)
-    if table == "smollm2_learning":
-        return smollm2_learning_table()
+    if table in ("smollm2_learning", "smollm2_learning_k2"):
+        return smollm2_learning_table(table)
     if table == "trl_smollm2":
         return trl_smollm2_table()
     if table in ("models", "models_default"):

@@ -38,6 +38,10 @@ _programs: Path | None = None
 _preloads: "_Preloads | None" = None
 """The programs `_preload` loads for this process's run, and the ones it used so far."""
 
+_SERIALIZING = threading.Lock()
+"""Held while an executable is serialized or loaded: the preloading thread loads programs while
+the main thread, or a sampler's, compiles and serializes others, and XLA's CPU client, which does
+not promise either to be thread-safe, crashed once in the test suite serializing an update."""
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _KEY_VERSIONS = ("jax", "jaxlib", "flax", "optax")
 
@@ -179,8 +183,10 @@ class KeptProgram:
             # Compiler options make it a new executable, not one this process compiled before.
             compiled = self.jitted.lower(*args).compile(_FRESH)
         # A cache that cannot be written costs the next run its compiling, nothing else.
+        with _SERIALIZING:
+            kept = pickle.dumps(serialize_executable.serialize(compiled))
         with contextlib.suppress(OSError):
-            _write_whole(path, pickle.dumps(serialize_executable.serialize(compiled)))
+            _write_whole(path, kept)
         return compiled
 
 
@@ -196,7 +202,8 @@ def _loaded(kept: bytes):
     """The compiled program a kept file's bytes hold."""
     from jax.experimental import serialize_executable
 
-    return serialize_executable.deserialize_and_load(*pickle.loads(kept))
+    with _SERIALIZING:
+        return serialize_executable.deserialize_and_load(*pickle.loads(kept))
 
 
 def _preload(context: str) -> None:
