@@ -9,15 +9,15 @@ For each seed it runs, as fresh processes, what the README says:
 
     dew eval --model smollm2 --task arithmetic --seed S   (with the training run's evaluation
         settings: its temperature, --eval-prompts and --eval-k; the untrained model, step 0)
-    dew train --model smollm2 --task arithmetic --objective grpo --seed S
+    dew train --model smollm2 --task arithmetic --objective grpo --eval-every 15
+        --eval-prompts 100 --eval-k 1 --seed S
 
-with nothing else on the command line (but `--max-staleness` and `--tis-cap` when given: the
-same run sampling up to K steps ahead of the learner, its loss corrected by token-level truncated
-importance sampling), so the run takes the defaults a checkpoint brings
-(`dew.train.config.CHECKPOINT_DEFAULTS`), its held-out evaluation every `--eval-every` steps
-included. From each run's `metrics.jsonl` it reads the held-out pass@1 at each evaluated step and
-the wall time the run had taken by then (its `time`, compilation and evaluations included), and
-the mean training reward of each step.
+with the README's evaluation flags and nothing else (but `--max-staleness` and `--tis-cap`
+when given: the same run sampling up to K steps ahead of the learner, its loss corrected by
+token-level truncated importance sampling), so the run takes the defaults a checkpoint brings
+(`dew.train.config.CHECKPOINT_DEFAULTS`). From each run's `metrics.jsonl` it reads the held-out
+pass@1 at each evaluated step and the wall time the run had taken by then (its `time`,
+compilation and evaluations included), and the mean training reward of each step.
 
 Prints, per evaluated step, the mean pass@1 over seeds with a 95% confidence interval (Student's
 t over the seeds), and the gain over step 0 paired by seed with its interval; writes `--results`
@@ -41,6 +41,8 @@ from dew.train.config import CHECKPOINT_DEFAULTS
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "smollm2_learning.json"
 COMMAND = ["--model", "smollm2", "--task", "arithmetic"]
+EVALUATION = ["--eval-every", "15", "--eval-prompts", "100", "--eval-k", "1"]
+"""The README command's held-out evaluation: every 15 steps, 100 problems, one completion each."""
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 """Student's t quantile 0.975 by degrees of freedom (seeds - 1)."""
 
@@ -70,7 +72,8 @@ def one_seed(seed: int, evaluation: dict, folder: Path, extra: list[str]) -> dic
     dew("eval", *COMMAND, "--seed", str(seed), *flags, "--out", str(before))
     eval_s = time.perf_counter() - began
     run = folder / f"run-{seed}"
-    dew("train", *COMMAND, "--objective", "grpo", "--seed", str(seed), "--out", str(run), *extra)
+    dew("train", *COMMAND, "--objective", "grpo", *EVALUATION, "--seed", str(seed),
+        "--out", str(run), *extra)  # fmt: skip
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     start = json.loads(before.read_text().splitlines()[-1])
     curve = [{"step": 0, "pass@1": start["eval/pass@1"], "seconds": 0.0}]
@@ -102,11 +105,7 @@ def main() -> None:
     config = TrainConfig(model="smollm2", task="arithmetic", objective="grpo").replace(
         **CHECKPOINT_DEFAULTS
     )
-    evaluation = {
-        "temperature": config.rollout.temperature,
-        "prompts": config.evaluation.eval_prompts,
-        "k": config.evaluation.eval_k,
-    }
+    evaluation = {"temperature": config.rollout.temperature, "prompts": 100, "k": 1}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
         runs = [one_seed(seed, evaluation, Path(folder), extra) for seed in seeds]
@@ -128,7 +127,7 @@ def main() -> None:
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "command": " ".join(["dew train", *COMMAND, "--objective grpo --seed S", *extra]),
+        "command": " ".join(["dew train", *COMMAND, "--objective grpo", *EVALUATION, *extra]),
         "defaults": CHECKPOINT_DEFAULTS,
         "evaluation": evaluation,
         "seeds": seeds,

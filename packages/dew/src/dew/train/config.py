@@ -432,9 +432,6 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {
     "lr": 1e-5,
     "temperature": 0.7,
     "updates_per_rollout": 1,
-    "eval_every": 15,
-    "eval_prompts": 100,
-    "eval_k": 1,
     "samples_every": 5,
     "checkpoint_minutes": 5.0,
 }
@@ -445,8 +442,7 @@ Chosen by measurement on SmolLM2-135M-Instruct and `arithmetic` on a 2-core CPU
 rate a hundred times smaller than a fresh one (1e-5, where 5e-6 moved nothing measurable in 20
 steps); sampling at temperature 0.7, where the model's held-out pass@1 is 0.10 against 0.05 at
 1.0 (a small model's samples at 1.0 are mostly off topic), gives the groups more correct answers
-to learn from; a step on a 135M-parameter model on a CPU wants a small batch; and a held-out
-evaluation every 15 steps (100 prompts, one completion each) shows the run learning. Flags given
+to learn from; and a step on a 135M-parameter model on a CPU wants a small batch. Flags given
 override them."""
 
 
