@@ -26,9 +26,16 @@ samples/s:
 
 Writes `benchmarks/results/async_throughput.json` with the machine's load average (the machine may
 be shared).
+
+`apart` runs the guessing game (16 prompts x 8, 4 turns) whose environment answers in 5 ms but
+stalls for 0.4 s on one turn in 16 (`TailGuess`, the same turns stalling in every setting): K = 0,
+and K = 1 with each step's episodes played with their rows together (a turn waits for its
+slowest answer) or apart (`Episodes(rows_apart=True)`, what `--max-staleness` > 0 plays);
+writes `benchmarks/results/async_apart.json`.
 """
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import os
@@ -38,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +120,24 @@ class SlowGuess(NumberGuess):
         return super().step(assistant_message)
 
 
+class TailGuess(NumberGuess):
+    """The guessing game whose turns take `FAST` seconds to answer, but one in `ONE_IN` takes
+    `SLOW` (a tool that sometimes stalls); which turns stall follows the game and the guess."""
+
+    FAST, SLOW, ONE_IN = 0.005, 0.4, 16
+
+    def reset(self, **columns) -> str:
+        self.game, self.turn = json.dumps(columns, sort_keys=True, default=str), 0
+        return super().reset(**columns)
+
+    def step(self, assistant_message: dict) -> str | None:
+        self.turn += 1
+        turn = f"{self.game}|{self.turn}|{assistant_message.get('content')}"
+        stalls = zlib.crc32(turn.encode()) % self.ONE_IN == 0
+        time.sleep(self.SLOW if stalls else self.FAST)
+        return super().step(assistant_message)
+
+
 def _steady(history: list[dict], rows: int) -> dict[str, float]:
     """Steps/s and samples/s from the end of step 2 to the last step."""
     seconds = history[-1]["time"] - history[1]["time"]
@@ -119,12 +145,17 @@ def _steady(history: list[dict], rows: int) -> dict[str, float]:
     return {"steps_per_s": steps / seconds, "samples_per_s": steps * rows / seconds}
 
 
-def _slow_environment(staleness: int, steps: int, out: str) -> dict[str, float]:
+def _slow_environment(
+    staleness: int, steps: int, out: str, environment=SlowGuess, rows_apart=None
+) -> dict[str, float]:
+    """The guessing game's run with `environment`; its rows apart as `--max-staleness` sets
+    them (K > 0) unless `rows_apart` says."""
     config = _config(staleness, True, task="guess", environment="dew.tasks.guess:NumberGuess")
     config = config.replace(steps=steps, prompts=16, group=8, max_turns=4, out=out)
     config = config.replace(max_episode_tokens=16)
     limits = EpisodeLimits(max_turns=4, max_episode_tokens=16)
-    rollouts = Episodes(environment=SlowGuess, limits=limits)
+    apart = staleness > 0 if rows_apart is None else rows_apart
+    rollouts = Episodes(environment=environment, limits=limits, rows_apart=apart)
     trainer = Trainer(config, quiet=True, rollouts=rollouts)
     try:
         return _steady(trainer.run(), 16 * 8)
@@ -159,17 +190,38 @@ def _own_devices(staleness: int, apart: int, steps: int, out: str) -> dict[str, 
 
 def throughput(steps: int, repeats: int) -> dict:
     """Steady steps/s and samples/s of each job's settings, the median of `repeats` runs."""
+    return _measured(
+        {
+            ("slow environment", "K=0"): lambda out: _slow_environment(0, steps, out),
+            ("slow environment", "K=1"): lambda out: _slow_environment(1, steps, out),
+            ("slow environment", "K=2"): lambda out: _slow_environment(2, steps, out),
+            ("long tail", "K=0"): lambda out: _long_tail(0, steps, out),
+            ("long tail", "K=1"): lambda out: _long_tail(1, steps, out),
+            ("own devices", "shared, K=0"): lambda out: _own_devices(0, 0, steps, out),
+            ("own devices", "shared, K=1"): lambda out: _own_devices(1, 0, steps, out),
+            ("own devices", "apart, K=0"): lambda out: _own_devices(0, 1, steps, out),
+            ("own devices", "apart, K=1"): lambda out: _own_devices(1, 1, steps, out),
+        },
+        steps,
+        repeats,
+    ) | {"latency_s": SlowGuess.LATENCY}
+
+
+def apart(steps: int, repeats: int) -> dict:
+    """The guessing game with `TailGuess`'s stalls: K = 0, and K = 1 with its episodes' rows
+    together or apart; steady steps/s and samples/s, the median of `repeats` runs."""
+    tail = functools.partial(_slow_environment, steps=steps, environment=TailGuess)
     jobs = {
-        ("slow environment", "K=0"): lambda out: _slow_environment(0, steps, out),
-        ("slow environment", "K=1"): lambda out: _slow_environment(1, steps, out),
-        ("slow environment", "K=2"): lambda out: _slow_environment(2, steps, out),
-        ("long tail", "K=0"): lambda out: _long_tail(0, steps, out),
-        ("long tail", "K=1"): lambda out: _long_tail(1, steps, out),
-        ("own devices", "shared, K=0"): lambda out: _own_devices(0, 0, steps, out),
-        ("own devices", "shared, K=1"): lambda out: _own_devices(1, 0, steps, out),
-        ("own devices", "apart, K=0"): lambda out: _own_devices(0, 1, steps, out),
-        ("own devices", "apart, K=1"): lambda out: _own_devices(1, 1, steps, out),
+        ("stalling environment", "K=0"): lambda out: tail(0, out=out),
+        ("stalling environment", "K=1, together"): lambda out: tail(1, out=out, rows_apart=False),
+        ("stalling environment", "K=1, apart"): lambda out: tail(1, out=out, rows_apart=True),
     }
+    stalls = {"fast_s": TailGuess.FAST, "slow_s": TailGuess.SLOW, "one_in": TailGuess.ONE_IN}
+    return _measured(jobs, steps, repeats) | {"stalls": stalls}
+
+
+def _measured(jobs: dict, steps: int, repeats: int) -> dict:
+    """Each job run `repeats` times in turn: medians, and each against its job's first."""
     measured: dict = {name: [] for name in jobs}
     for _ in range(repeats):
         for name, job in jobs.items():
@@ -183,12 +235,12 @@ def throughput(steps: int, repeats: int) -> dict:
     for row in rows:
         first = next(r for r in rows if r["job"] == row["job"])
         row["x_first"] = row["steps_per_s"] / first["steps_per_s"]
-    return {"steps": steps, "repeats": repeats, "latency_s": SlowGuess.LATENCY, "rows": rows}
+    return {"steps": steps, "repeats": repeats, "rows": rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["learning", "throughput"])
+    parser.add_argument("what", choices=["learning", "throughput", "apart"])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2)
@@ -205,11 +257,12 @@ def main() -> None:
             settings = [(int(k), True) for k in args.staleness.split(",")]
         result = learning(args.seeds, args.steps or 250, args.task, settings)
     else:
-        result = throughput(args.steps or 12, args.repeats)
-        print(f"{'job':18} {'setting':12} {'steps/s':>8} {'samples/s':>10} {'x':>6}")
+        measure = throughput if args.what == "throughput" else apart
+        result = measure(args.steps or 12, args.repeats)
+        print(f"{'job':20} {'setting':15} {'steps/s':>8} {'samples/s':>10} {'x':>6}")
         for row in result["rows"]:
             print(
-                f"{row['job']:18} {row['setting']:12} {row['steps_per_s']:>8.3f} "
+                f"{row['job']:20} {row['setting']:15} {row['steps_per_s']:>8.3f} "
                 f"{row['samples_per_s']:>10.1f} {row['x_first']:>6.2f}"
             )
     result["machine"] = {**_machine(), "load_average_before": load_before}

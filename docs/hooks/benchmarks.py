@@ -11,8 +11,9 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
 `<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
 `<!-- bench: flops -->`, `<!-- bench: async_learning -->`, `<!-- bench: async_learning_add -->`,
-`<!-- bench: async_throughput -->`, `<!-- bench: smollm2_learning -->`,
-`<!-- bench: smollm2_learning_k2 -->` or `<!-- bench: trl_smollm2 -->`;
+`<!-- bench: async_throughput -->`, `<!-- bench: async_apart -->`,
+`<!-- bench: smollm2_learning -->`, `<!-- bench: smollm2_learning_k2 -->` (and `_k1`, `_k4`,
+`_k4_uncorrected`), `<!-- bench: smollm2_staleness -->` or `<!-- bench: trl_smollm2 -->`;
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -171,6 +172,34 @@ def smollm2_learning_table(name: str) -> str:
     seeds = ", ".join(str(seed) for seed in results["seeds"])
     header = ["step", "seconds into the run", "held-out pass@1 (95% CI)", "gain over step 0",
               f"seeds {seeds}"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+STALENESS = {
+    "smollm2_learning": "K = 0",
+    "smollm2_learning_k1": "K = 1, corrected",
+    "smollm2_learning_k2": "K = 2, corrected",
+    "smollm2_learning_k4": "K = 4, corrected",
+    "smollm2_learning_k4_uncorrected": "K = 4, not corrected",
+}
+"""The SmolLM2 learning runs compared by staleness, and how the table names each."""
+
+
+def smollm2_staleness_table() -> str:
+    """One row per staleness setting: held-out pass@1 at each evaluated step (mean ± 95% CI),
+    each seed's last, and the mean training reward of the last 15 steps."""
+    rows = []
+    for name, setting in STALENESS.items():
+        results = load(name)
+        cells = [f"{row['pass@1']:.3f} ± {row['pass@1_ci']:.3f}" for row in results["table"][1:]]
+        finals = ", ".join(f"{run['curve'][-1]['pass@1']:.2f}" for run in results["runs"])
+        runs = results["runs"]
+        rewards = statistics.fmean(statistics.fmean(run["rewards"][-15:]) for run in runs)
+        seconds = ", ".join(f"{run['run_s']:.0f}" for run in results["runs"])
+        rows.append([setting, *cells, finals, f"{rewards:.3f}", seconds])
+    steps = [str(row["step"]) for row in load("smollm2_learning")["table"][1:]]
+    header = ["setting", *(f"pass@1, step {step}" for step in steps), "each seed's last",
+              "reward, last 15 steps", "seconds a run"]  # fmt: skip
     return markdown_table(header, rows)
 
 
@@ -519,9 +548,9 @@ def async_learning_table(name: str) -> str:
     return markdown_table(header, rows)
 
 
-def async_throughput_table() -> str:
+def async_throughput_table(name: str) -> str:
     """Steady steps/s and samples/s of each job's settings, and the ratio to its first."""
-    r = load("async_throughput")
+    r = load(name)
     rows = [
         [row["job"], row["setting"], f"{row['steps_per_s']:.2f}", f"{row['samples_per_s']:.0f}",
          f"{row['x_first']:.2f}"]
@@ -556,7 +585,9 @@ def expand(match: re.Match) -> str:
         "trl_grpo_preload_seeds_10_19",
     ):
         return trl_grpo_table(table)
-    if table in ("smollm2_learning", "smollm2_learning_k2"):
+    if table == "smollm2_staleness":
+        return smollm2_staleness_table()
+    if table.startswith("smollm2_learning"):
         return smollm2_learning_table(table)
     if table == "trl_smollm2":
         return trl_smollm2_table()
@@ -580,8 +611,8 @@ def expand(match: re.Match) -> str:
         return episodes_table(table)
     if table in ("async_learning", "async_learning_add"):
         return async_learning_table(table)
-    if table == "async_throughput":
-        return async_throughput_table()
+    if table in ("async_throughput", "async_apart"):
+        return async_throughput_table(table)
     raise ValueError(f"unknown benchmark table {table!r} in {match[0]}")
 
 

@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -214,7 +213,7 @@ def test_episodes_go_through_the_sampler_thread_too(tmp_path):
 def test_the_rows_environments_step_side_by_side():
     """A turn waits for its slowest environment, not for the sum: the steps meet at a barrier
     that sequential steps would never pass."""
-    from dew.rollout.episode import _STEPPING, _environment_steps
+    from dew.rollout.episode import Episodes, _Row
 
     barrier = threading.Barrier(3, timeout=30)
 
@@ -223,17 +222,15 @@ def test_the_rows_environments_step_side_by_side():
             barrier.wait()
             return message["content"]
 
-    def row(environment, text):
-        return SimpleNamespace(
-            environment=environment,
-            episode=SimpleNamespace(messages=[{"role": "assistant", "content": text}]),
-        )
-
-    rows = [row(Meeting(), str(i)) for i in range(3)] + [row(None, "tools")]
-    with ThreadPoolExecutor(_STEPPING) as pool:
-        stepped = _environment_steps(rows, pool)
-        assert [stepped[id(r)].result() for r in rows[:3]] == ["0", "1", "2"]
-    assert id(rows[3]) not in stepped
+    rows = [_Row({}, [], Meeting()) for _ in range(3)] + [_Row({}, [], None)]
+    episodes = Episodes(environment=Meeting)
+    try:
+        asked = episodes._ask(None, [(i, row, str(i)) for i, row in enumerate(rows)])
+        answers = [asked[i].follow() for i in range(4)]
+    finally:
+        episodes.close()
+    assert answers[:3] == [[{"role": "user", "content": str(i)}] for i in range(3)]
+    assert answers[3] is None and rows[3].episode.ended == "answer"
 
 
 def test_a_sampler_ahead_draws_two_steps_at_once():

@@ -28,10 +28,17 @@ def compile_new_program(constant: float) -> None:
     jax.jit(lambda x: jnp.sin(x) * constant).lower(jnp.ones(3)).compile()
 
 
-def test_a_program_compiled_with_the_cache_on_is_kept_on_disk(own_cache):
+def test_a_program_compiled_with_the_cache_on_is_kept_on_disk(own_cache, monkeypatch):
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
     assert use_compile_cache() == own_cache
     compile_new_program(0.123)
     assert any(own_cache.iterdir())
+    # JAX's own floor is kept: a program that compiles faster is not written.
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "60")
+    use_compile_cache()
+    before = set(own_cache.iterdir())
+    compile_new_program(0.321)
+    assert set(own_cache.iterdir()) == before
 
 
 def test_with_the_cache_off_nothing_is_written(own_cache):

@@ -8,6 +8,7 @@ is tested. One test runs the real sampler through an environment's turns.
 
 import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -288,6 +289,84 @@ def test_the_real_sampler_plays_an_environment(tokenizer):
     assert (context.sum(1) > 0).all() and batch.reward_weights == (1.0, 1.0)
 
 
+class _Gated:
+    """The `slow` prompt's environment answers its first turn only once every other episode has
+    ended (or after `patience` seconds); the others answer `again` twice, after their prompt's
+    `delays` seconds, then end."""
+
+    ended, released, delays, others, patience = 0, None, {}, 0, 60.0
+
+    def reset(self, prompt, **columns):
+        self.slow, self.turns, self.delay = prompt == "slow", 0, _Gated.delays.get(prompt, 0.0)
+        return prompt
+
+    def step(self, message):
+        self.turns += 1
+        if self.slow:
+            if self.turns == 1:
+                _Gated.waited = _Gated.released.wait(_Gated.patience)
+            return "again" if self.turns == 1 else None
+        time.sleep(self.delay)
+        if self.turns < 3:
+            return "again"
+        _Gated.ended += 1
+        if _Gated.ended == _Gated.others:
+            _Gated.released.set()
+        return None
+
+
+def gated_draw(tokenizer, prompts, rows_apart, delays=None, patience=60.0):
+    """Rows of `prompts` (2 each) playing `_Gated` with the real sampler on the tiny model."""
+    _Gated.ended, _Gated.released, _Gated.waited = 0, threading.Event(), None
+    _Gated.patience = patience
+    _Gated.delays, _Gated.others = delays or {}, 2 * sum(p != "slow" for p in prompts)
+    prompter = Prompter(_Task(prompts), tokenizer, max_new_tokens=12)
+    model = build(dataclasses.replace(SIZES["tiny"], vocab_size=512), 0)
+    bias = jnp.zeros_like(model.lm_head.kernel[...]).at[:, prompter.stop_id].set(8.0)
+    model.lm_head.kernel[...] = model.lm_head.kernel[...] + bias  # turns end within 12 tokens
+    limits = EpisodeLimits(max_turns=4)
+    episodes = Episodes(environment=_Gated, limits=limits, rows_apart=rows_apart)
+    encoded = prompter.encode_all([{"prompt": p} for p in prompts])
+    try:
+        return episodes.draw(*nnx.split(model), prompter, encoded, 2, jax.random.key(1)).scored()
+    finally:
+        episodes.close()
+
+
+def test_rows_apart_go_on_while_a_row_waits_for_its_environment(tokenizer):
+    rolled = gated_draw(tokenizer, ["slow", "a", "b"], rows_apart=True)
+    assert _Gated.waited  # the other rows played their three turns while the slow ones waited
+    assert [e.turns for e in rolled.episodes] == [2, 2, 3, 3, 3, 3]
+    assert [e.ended for e in rolled.episodes] == ["environment"] * 6
+    # Together, every row waits for the slow row's answer: it is never released.
+    together = gated_draw(tokenizer, ["slow", "a", "b"], rows_apart=False, patience=1.0)
+    assert _Gated.waited is False
+    np.testing.assert_array_equal(together.tokens, rolled.tokens)
+
+
+def test_rows_apart_sample_what_rows_together_sample(tokenizer, monkeypatch):
+    """Answers at different times split the turns over calls; each row draws as it would."""
+    import dew.rollout.episode
+
+    calls, sampler = [], dew.rollout.episode.continue_state
+
+    def counted(*args, appended=None, **kwargs):
+        calls.append(None if appended is None else np.asarray(appended[1]).astype(bool).tolist())
+        return sampler(*args, appended=appended, **kwargs)
+
+    monkeypatch.setattr("dew.rollout.episode.continue_state", counted)
+    prompts, delays = ["a", "b", "c", "d"], {"c": 0.1, "d": 0.2}
+    together = gated_draw(tokenizer, prompts, rows_apart=False, delays=delays)
+    assert all(rows is None or all(rows) for rows in calls)
+    calls.clear()  # the programs are compiled: a call takes less than an answer's delay
+    apart = gated_draw(tokenizer, prompts, rows_apart=True, delays=delays)
+    assert any(rows is not None and not all(rows) for rows in calls)  # rows went on apart
+    for field in ("tokens", "completion_mask", "attention_mask"):
+        np.testing.assert_array_equal(getattr(apart, field), getattr(together, field))
+    np.testing.assert_allclose(apart.behavior_log_probs, together.behavior_log_probs, atol=1e-6)
+    assert [e.turns for e in apart.episodes] == [3] * 8
+
+
 def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path, monkeypatch):
     from dew.cli import _parse_train
     from dew.train.trainer import Trainer
@@ -392,8 +471,11 @@ def test_the_environment_tools_flag_reaches_the_episodes():
     assert not _make_rollouts(config).environment_tools
     config, _ = _parse_train([*game, "--environment-tools"])
     assert config.episodes.environment_tools and _make_rollouts(config).environment_tools
+    assert not _make_rollouts(config).rows_apart  # each turn one call: the run is exact
     with pytest.raises(ConfigError, match="--environment-tools needs --environment"):
         _make_rollouts(config.replace(environment=None))
+    ahead, _ = _parse_train([*game, "--max-staleness", "1", "--tis-cap", "2"])
+    assert _make_rollouts(ahead).rows_apart  # ahead of the learner, rows go on apart
 
 
 def test_an_episode_run_resumed_mid_way_is_the_straight_run_bit_for_bit(tmp_path):

@@ -85,7 +85,40 @@ def test_a_continued_state_samples_what_the_whole_rows_pass_gives(model):
         assert sampled[row, end + count]
     recomputed = log_probs(model, second.tokens, second.completion_mask)
     np.testing.assert_allclose(second.behavior_log_probs, recomputed, atol=1e-5)
-    assert int(second.draws) > int(first.draws)
+
+
+@pytest.mark.parametrize("schedule", [0, 1, 2])
+def test_rows_continued_apart_sample_what_rows_continued_together_sample(model, schedule):
+    """Each row's turns split over calls at random, as rows answered at different times are."""
+    graphdef, params = nnx.split(model)
+    rng = np.random.default_rng(0)
+    prompts, lengths = jnp.array(rng.integers(3, 12, (8, 5))), jnp.array(rng.integers(2, 6, 8))
+    contexts = rng.integers(3, 12, (4, 8, 3))
+    counts = rng.integers(1, 4, (4, 8))
+    key, settings = jax.random.key(4), {"max_new_tokens": 6, "stop_ids": (STOP,), "pad_id": PAD}
+
+    def first_turn():
+        state = prefill_state(graphdef, params, prompts, lengths, room=45)
+        return continue_state(graphdef, params, state, key, **settings)
+
+    together = first_turn()
+    for turn in range(4):
+        appended = (jnp.array(contexts[turn]), jnp.array(counts[turn]))
+        together = continue_state(graphdef, params, together, key, appended=appended, **settings)
+    picks, apart, turns = np.random.default_rng(schedule), first_turn(), np.zeros(8, int)
+    while (turns < 4).any():
+        rolled = (picks.random(8) < 0.5) & (turns < 4)
+        tokens, counted = np.zeros((8, 3), np.int32), np.zeros(8, np.int32)
+        for row in np.flatnonzero(rolled):
+            tokens[row], counted[row] = contexts[turns[row], row], counts[turns[row], row]
+            turns[row] += 1
+        appended = (jnp.array(tokens), jnp.array(counted))
+        apart = continue_state(graphdef, params, apart, key, appended=appended, **settings)
+    for field in ("tokens", "lengths", "completion_mask", "cached"):
+        np.testing.assert_array_equal(getattr(apart, field), getattr(together, field))
+    # The attention's width follows the longest row of a call: equal up to its rounding.
+    np.testing.assert_allclose(apart.behavior_log_probs, together.behavior_log_probs, atol=1e-6)
+    assert int(together.completion_mask.sum()) > 8 * 5
 
 
 def test_the_state_without_a_cache_samples_the_same_tokens(model):

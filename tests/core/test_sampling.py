@@ -14,7 +14,14 @@ from dew.models.llama import build
 from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
 from dew.rollout.generate import _pad_prompts
-from dew.sampling import _sample_state, _sampling_log_probs, sample, sample_state
+from dew.sampling import (
+    _choose,
+    _row_keys,
+    _sample_state,
+    _sampling_log_probs,
+    sample,
+    sample_state,
+)
 
 EOS, PAD = 2, 0
 MODEL = build(SIZES["tiny"], 0)
@@ -72,6 +79,38 @@ def test_rows_stop_at_eos_and_masks_are_right(eos_prone_model):
         assert all(t == PAD for t in drawn[length:])
         assert (np.asarray(out.behavior_log_probs)[row][~completion[row]] == 0).all()
     assert 0 < stopped_early < len(prompts)
+
+
+def test_a_row_draws_the_same_tokens_whichever_rows_are_beside_it(eos_prone_model):
+    padded, lengths, _ = prompts_and_lengths()
+    settings = {"max_new_tokens": 7, "stop_ids": (EOS,), "pad_id": PAD}
+    out = sample(eos_prone_model, padded[:8], lengths[:8], jax.random.key(1), **settings)
+    # Rows 0-3 beside other rows (and other prompts stopping elsewhere) than before.
+    mixed = (
+        jnp.concatenate([padded[:4], padded[40:44]]),
+        jnp.concatenate([lengths[:4], lengths[40:44]]),
+    )
+    other = sample(eos_prone_model, *mixed, jax.random.key(1), **settings)
+    np.testing.assert_array_equal(other.tokens[:4], out.tokens[:4])
+    np.testing.assert_array_equal(other.behavior_log_probs[:4], out.behavior_log_probs[:4])
+    assert not np.array_equal(other.tokens[4:], out.tokens[4:])
+    # Row 1 in row 0's place is keyed as row 0: the rows are drawn apart, not alike.
+    swapped = jnp.stack([padded[1], padded[1]]), jnp.stack([lengths[1], lengths[1]])
+    twins = sample(eos_prone_model, *swapped, jax.random.key(1), **settings)
+    assert not np.array_equal(twins.tokens[0], twins.tokens[1])
+
+
+def test_tokens_are_drawn_as_often_as_their_probability_and_never_without_one():
+    probs = np.array([0.1, 0.0, 0.3, 0.0, 0.05, 0.55, 0.0, 0.0])
+    rows = 40_000
+    logits = jnp.broadcast_to(jnp.log(jnp.asarray(probs, jnp.float32)), (rows, 8))
+    keys = _row_keys(jax.random.key(3), jnp.zeros(rows, jnp.int32))
+    tokens, logp = _choose(logits, keys, 1.0, 1.0)
+    frequencies = np.bincount(np.asarray(tokens), minlength=8) / rows
+    # Four standard errors of a frequency at these counts.
+    np.testing.assert_allclose(frequencies, probs, atol=4 * np.sqrt(0.25 / rows))
+    assert frequencies[probs == 0].sum() == 0
+    np.testing.assert_allclose(np.exp(logp), probs[np.asarray(tokens)], rtol=1e-6)
 
 
 def test_no_kv_cache_draws_the_same_tokens(eos_prone_model):

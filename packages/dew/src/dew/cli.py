@@ -702,7 +702,8 @@ def _command_eval(argv: list[str]) -> int:
         config = TrainConfig().replace(**values)
         _tell(f"loading {model}")
         run = load_run(model, config=config) if is_run else model_run(model, config, args["seed"])
-        with contextlib.closing(_make_rollouts(config)) as rollouts:
+        # An evaluation plays its episodes' turns together, exact whatever the run sampled ahead.
+        with contextlib.closing(_make_rollouts(config.replace(max_staleness=0))) as rollouts:
             metrics = evaluate(
                 run.graphdef,
                 run.params,

@@ -59,9 +59,12 @@ def default_cache_dir() -> Path:
 def use_compile_cache(enabled: bool = True) -> Path | None:
     """Turn JAX's persistent compilation cache on or off for this process; its folder, or None.
 
-    On, the folder is `JAX_COMPILATION_CACHE_DIR` when that is set, else `default_cache_dir()`.
-    Off, compiled programs live in memory only, as in plain JAX. A call takes effect at the
-    next compilation.
+    On, the folder is `JAX_COMPILATION_CACHE_DIR` when that is set, else `default_cache_dir()`,
+    and every program is written to it but those that compile in less than JAX's
+    `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` seconds when that is set (the test suite sets
+    1: XLA:CPU's serialization of an executable crashes now and then, and the suite's thousands
+    of tiny programs met it). Off, compiled programs live in memory only, as in plain JAX. A call
+    takes effect at the next compilation.
 
     Examples:
       >>> import jax
@@ -78,7 +81,8 @@ def use_compile_cache(enabled: bool = True) -> Path | None:
     if enabled:
         directory = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or default_cache_dir())
     jax.config.update("jax_compilation_cache_dir", directory and str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    minimum = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS") or 0.0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", minimum)
     # JAX opens its cache once, at the first compilation: reopen it in the folder set now.
     compilation_cache.reset_cache()
     _programs = directory and directory / "dew-programs"

@@ -406,8 +406,8 @@ def chat_reply(
     decoding loop runs inside one compiled program, each token is drawn by one compiled step
     called from Python, so it can be shown as soon as it is drawn; a piece is yielded once its
     bytes decode whole (a character split over tokens waits for the rest). Token `i` of the
-    answer is drawn with `fold_in(key, P + i)`, `P` the prompt's length, the key `sample`
-    gives it.
+    answer is drawn with the key `sample` gives position `P + i` of a one-row batch
+    (`fold_in(fold_in(key, P + i), 0)`), `P` the prompt's length.
 
     `ValueError` when the prompt plus `max_new_tokens` exceeds the model's context.
 
@@ -420,7 +420,7 @@ def chat_reply(
       >>> isinstance("".join(pieces), str)
       True
     """
-    from dew.sampling import _choose
+    from dew.sampling import _choose, _row_keys
     from dew.tokenizers import _end_of_turn_id
 
     prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True, tools=tools))
@@ -439,7 +439,8 @@ def chat_reply(
     answer, shown = [], ""
     for i in range(max_new_tokens):
         position = len(prompt) + i
-        token, _ = _choose(logits[None], jax.random.fold_in(key, position), temperature, 1.0)
+        keys = _row_keys(key, jnp.array([position]))
+        token, _ = _choose(logits[None], keys, temperature, 1.0)
         token = int(token[0])
         if token == end:
             break

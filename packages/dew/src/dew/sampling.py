@@ -86,8 +86,9 @@ class SamplerState:
       limit: `[B]` int32 the most tokens a row may hold; a row that reaches it stops.
       done: `[B]` bool rows that stopped (drew a stop id or reached `limit`); they draw nothing
         until `extend_state` appends to them.
-      draws: int32 the key index of the next draw: it is drawn with `fold_in(key, draws)`,
-        the prompt width at the first and one more at each after.
+
+    A row's token at position `p` is drawn with `_row_keys` (the call's key, `p` and the row's
+    index), so what a row draws does not depend on which other rows draw in the same call.
     """
 
     tokens: jax.Array
@@ -100,7 +101,6 @@ class SamplerState:
     cached: jax.Array
     limit: jax.Array
     done: jax.Array
-    draws: jax.Array
 
     def samples(self) -> Samples:
         """The state's tokens and masks as `Samples`."""
@@ -133,12 +133,29 @@ def _sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> 
     return jax.nn.log_softmax(jnp.where(probs >= threshold, scaled, -jnp.inf), axis=-1)
 
 
-def _choose(logits, key, temperature, top_p):
-    """The next token `[B]` and its behaviour log-prob `[B]`."""
+def _row_keys(key: jax.Array, positions: jax.Array) -> jax.Array:
+    """`[B]` keys: row `b`'s token at position `positions[b]` is drawn with
+    `fold_in(fold_in(key, positions[b]), b)`.
+
+    Keyed by row and position, not by the call's step, a row draws the same tokens whichever
+    rows draw beside it and however its turns are split into calls (an episode's rows continue
+    apart, each when its tools have answered).
+
+    Examples:
+      >>> keys = _row_keys(jax.random.key(0), jnp.array([3, 3]))
+      >>> bool((jax.random.key_data(keys[0]) == jax.random.key_data(keys[1])).all())
+      False
+    """
+    rows = jnp.arange(positions.shape[0])
+    return jax.vmap(lambda p, b: jax.random.fold_in(jax.random.fold_in(key, p), b))(positions, rows)
+
+
+def _choose(logits, keys, temperature, top_p):
+    """The next token `[B]` and its behaviour log-prob `[B]`, row `b` drawn with `keys[b]`."""
     if temperature == 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape[0])
     logp = _sampling_log_probs(logits, temperature, top_p)
-    token = jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+    token = jax.vmap(jax.random.categorical)(keys, logp).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
@@ -196,7 +213,6 @@ def _prefilled(model, prompts, prompt_lengths, *, room, pad_id, kv_cache, group)
         cached=prompt_lengths.astype(jnp.int32),
         limit=(prompt_lengths + room).astype(jnp.int32),
         done=jnp.zeros((batch,), bool),
-        draws=jnp.int32(width),
     )
 
 
@@ -212,39 +228,41 @@ def _continued(
     rows = jnp.arange(state.tokens.shape[0])
     limit = state.limit
 
-    def draw(logits, tokens, behavior, completion, lengths, done, draws):
+    def draw(logits, tokens, behavior, completion, lengths, done):
         """Write each live row's next token, drawn from `logits`, after its tokens."""
-        drawn, drawn_logp = _choose(logits, jax.random.fold_in(key, draws), temperature, top_p)
+        drawn, drawn_logp = _choose(logits, _row_keys(key, lengths), temperature, top_p)
         live = ~done
         tokens = tokens.at[rows, lengths].set(jnp.where(live, drawn, pad_id))
         behavior = behavior.at[rows, lengths].set(jnp.where(live, drawn_logp, 0.0))
         completion = completion.at[rows, lengths].set(live)
         lengths = lengths + live
         done = done | (live & (_stops(drawn, stop_ids) | (lengths >= limit)))
-        return tokens, behavior, completion, lengths, done, draws + 1
+        return tokens, behavior, completion, lengths, done
 
     def step(carry):
         """Feed each row its latest token at its position, then draw the next."""
-        i, tokens, behavior, completion, lengths, _, done, draws, cache = carry
+        i, tokens, behavior, completion, lengths, cached, done, cache = carry
         previous = lengths - 1
+        # A stopped row's last token waits for `extend_state`, whichever rows go on beside it.
+        cached = jnp.where(done, cached, lengths)
         if kv_cache:
             logits, cache = model.decode(tokens[rows, previous][:, None], previous, cache)
             logits = logits[:, 0]
         else:
             logits = model(tokens)[rows, previous]
-        drawn = draw(logits, tokens, behavior, completion, lengths, done, draws)
-        return i + 1, *drawn[:4], lengths, *drawn[4:], cache
+        drawn = draw(logits, tokens, behavior, completion, lengths, done)
+        return i + 1, *drawn[:4], cached, drawn[4], cache
 
     def more(carry):
-        i, *_, done, _, _ = carry
+        i, *_, done, _ = carry
         return (i < max_new_tokens) & ~jnp.all(done)
 
     first = draw(
         state.logits, state.tokens, state.behavior_log_probs, state.completion_mask,
-        state.lengths, state.done, state.draws,
+        state.lengths, state.done,
     )  # fmt: skip
-    carry = (jnp.int32(1), *first[:4], state.cached, *first[4:], state.cache)
-    _, tokens, behavior, completion, lengths, cached, _, draws, cache = jax.lax.while_loop(
+    carry = (jnp.int32(1), *first[:4], state.cached, first[4], state.cache)
+    _, tokens, behavior, completion, lengths, cached, _, cache = jax.lax.while_loop(
         more, step, carry
     )
     return dataclasses.replace(
@@ -256,7 +274,6 @@ def _continued(
         lengths=lengths,
         cached=cached,
         done=jnp.ones_like(state.done),  # every row stopped or ran out
-        draws=draws,
     )
 
 
@@ -637,8 +654,8 @@ def sample(
     Args:
       prompts: `[B, P]` token ids, each row's prompt left-aligned and right-padded.
       prompt_lengths: `[B]` length of each prompt (at least 1).
-      key: PRNG key; every row's `i`-th new token is drawn with `fold_in(key, P + i)`: the key
-        of the position it takes in a row whose prompt fills the width `P`.
+      key: PRNG key; row `b`'s token at position `p` is drawn with
+        `fold_in(fold_in(key, p), b)`, whichever rows are drawn beside it.
       max_new_tokens: the most tokens a row samples; a row stops early at a stop id. The prompt
         width plus `max_new_tokens` must fit the model's context (`max_position_embeddings`).
       temperature: softmax temperature; 0 decodes greedily.

@@ -8,7 +8,8 @@ what comes back as the tokens the chat template appends (`dew.tools.appended_tok
 tokens extend the sampler's state (the KV cache extended at their positions, never re-prefilled)
 in the same compiled call that samples the next turn (`continue_state(..., appended=...)`).
 Rows finish at different turns: a turn without calls, an environment that answers None, or a
-cap.
+cap. By default a call continues every row still playing, once every answer is in; with
+`rows_apart` a call continues the rows whose answers are in, and a late row joins a later call.
 
 The row that reaches the trainer holds the prompt, the turns, and the context between them; only
 the sampled tokens are trained (`Batch.completion_mask`), the context is only present
@@ -20,10 +21,11 @@ rollout; the loss mask over the model's own tokens as both.
 """
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 import jax
@@ -241,17 +243,35 @@ def _bucket(width: int) -> int:
 
 
 _STEPPING = 256
-"""The most environment steps of one turn run at once, each on a thread of its own."""
+"""The most environment steps run at once, each on a thread of its own: a turn waits for the
+slowest environment, not for the sum of them."""
 
 
-def _environment_steps(rows, pool: ThreadPoolExecutor) -> dict[int, Future]:
-    """Each row's environment `step` on its last message, run at once on `pool`, by `id(row)`.
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """What a row's turn waits for: a future (tool results, an environment's step) or nothing,
+    and `follow`, which returns the messages that answer the turn (None: the episode ends)."""
 
-    An episode's environment is its own instance, so the rows' steps run side by side (up to
-    `_STEPPING` at once): a turn waits for the slowest environment, not for the sum of them.
-    """
-    playing = [row for row in rows if row.environment is not None]
-    return {id(row): pool.submit(row.environment.step, row.episode.messages[-1]) for row in playing}
+    future: Future | None
+    follow: Callable[[], list[dict] | None]
+
+    def ready(self) -> bool:
+        """Whether `follow` returns without waiting."""
+        return self.future is None or self.future.done()
+
+
+def _observed(row: "_Row", step: Future) -> list[dict] | None:
+    """The environment's observation after the row's turn as messages; None ends the episode."""
+    observation = step.result()
+    if observation is None:
+        row.episode.ended = "environment"
+        return None
+    return _as_messages(observation)
+
+
+def _ended(row: "_Row", why: str) -> None:
+    """Nothing follows: the row's episode ended, for `why`."""
+    row.episode.ended = why
 
 
 @dataclasses.dataclass
@@ -267,6 +287,14 @@ class Episodes:
       environment_tools: whether the environment's public methods (`environment_methods`)
         are tools as well, each episode's calls run by that episode's own instance. A method
         needs a schema as a tool function does: `ValueError` naming it when it has none.
+      rows_apart: whether a row whose turn is answered goes on without the rows still waiting
+        for their tools or environments (`--max-staleness` > 0 sets it): each sampler call
+        continues the rows whose answers are in, and a late row joins a later call. Each row
+        draws with keys of its own (`dew.sampling`), so it samples the same tokens whichever
+        rows share its calls, up to the rounding of a call's shapes (its attention width
+        follows its longest row, its appended width its longest answer): two runs agree to
+        round-off, not bit for bit. Otherwise (the default) each call continues every row
+        still playing, a turn waits for the slowest answer, and a run is the same each time.
 
     Examples:
       >>> Episodes(limits=EpisodeLimits(max_turns=2)).limits.max_turns
@@ -278,6 +306,7 @@ class Episodes:
     limits: EpisodeLimits = dataclasses.field(default_factory=EpisodeLimits)
     parser: Any = None
     environment_tools: bool = False
+    rows_apart: bool = False
 
     def __post_init__(self):
         self._runner = None
@@ -378,21 +407,8 @@ class Episodes:
             "kv_cache": kv_cache,
             "donate": True,  # each turn's state is read once: its cache is written in place
         }
-        appended = None  # the context before the next turn, fed in the same call
-        for _ in range(self.limits.max_turns):
-            start = np.asarray(state.lengths)
-            if appended is not None:
-                start = start + np.asarray(appended[1])
-            state = continue_state(graphdef, params, state, key, appended=appended, **sampling)
-            observations = self._turn(prompter, rows, state, start)
-            appended = _appended(observations, prompter.pad_id) if any(observations) else None
-            if appended is None:
-                break
-        if appended is not None:  # the turns ran out: the last context is held, never sampled
-            state = extend_state(graphdef, params, state, *appended, kv_cache=kv_cache)
+        state = self._play(graphdef, params, prompter, rows, state, key, sampling)
         for row in rows:
-            if not row.done:
-                row.done, row.episode.ended = True, "turns"
             if row.runner is not None:
                 row.runner.close()
         scored = self._scored(prompter, rows, state, group, sharding, same, began)
@@ -429,16 +445,55 @@ class Episodes:
             messages, add_generation_prompt=generation, **tools
         )
 
-    def _turn(self, prompter: Prompter, rows, state: SamplerState, start) -> list[list[int]]:
-        """Each row's turn read and answered; the ids to append to each row (empty: it ended)."""
+    def _play(self, graphdef, params, prompter: Prompter, rows, state, key, sampling):
+        """`state` after every row's episode ended: turns sampled, answered, and fed back.
+
+        A sampler call samples a turn for the rows it continues; each row's turn is then asked
+        for its answer (tools, environment), and the rows whose answers are in are continued
+        by the next call with the answers' tokens appended. With `rows_apart`, a row whose
+        answer is late joins a later call (`_answered`); otherwise each call continues every
+        row still playing.
+        """
+        rollable = np.ones(len(rows), bool)  # the rows the next call samples a turn for
+        starts = np.asarray(state.lengths)
+        asked: dict[int, _Asked] = {}
+        held = [[] for _ in rows]  # context after a row's last allowed turn: present, not sampled
+        appended, patience = None, None
+        while True:
+            if rollable.any():
+                called = time.perf_counter()
+                state = continue_state(graphdef, params, state, key, appended=appended, **sampling)
+                asked.update(self._turn(prompter, rows, state, starts, rollable))
+                patience = time.perf_counter() - called if self.rows_apart else None
+            if not asked:
+                break
+            observations = self._answered(prompter, rows, state, asked, patience)
+            for index, row in enumerate(rows):
+                if observations[index] and row.episode.turns >= self.limits.max_turns:
+                    held[index], observations[index] = observations[index], []
+                    row.done, row.episode.ended = True, "turns"
+            rollable = np.array([bool(ids) for ids in observations])
+            appended = _appended(observations, prompter.pad_id) if rollable.any() else None
+            if appended is not None:
+                starts = np.where(rollable, np.asarray(state.lengths) + appended[1], starts)
+        if any(held):
+            appended = _appended(held, prompter.pad_id)
+            state = extend_state(graphdef, params, state, *appended, kv_cache=sampling["kv_cache"])
+        return state
+
+    def _turn(self, prompter: Prompter, rows, state: SamplerState, starts, rolled):
+        """Each rolled row's turn read; what those that go on wait for (`_Asked`), by row.
+
+        A turn cut by its token cap ends the row; the others are asked for their answers.
+        """
         tokens, lengths = np.asarray(state.tokens), np.asarray(state.lengths)
         limits = np.asarray(state.limit)
         stops = set(_stop_ids(prompter))
-        pending, observations = [], [[] for _ in rows]
+        pending = []
         for index, row in enumerate(rows):
-            if row.done:
+            if row.done or not rolled[index]:
                 continue
-            ids = tokens[index, start[index] : lengths[index]].tolist()
+            ids = tokens[index, starts[index] : lengths[index]].tolist()
             finished = bool(ids) and ids[-1] in stops
             text = prompter.tokenizer.decode(ids[:-1] if finished else ids)
             row.episode.turns += 1
@@ -449,23 +504,43 @@ class Episodes:
                 row.episode.messages.append({"role": "assistant", "content": text})
                 continue
             pending.append((index, row, text))
-        results = self._respond(prompter, pending)
-        for (index, row, _), follow in zip(pending, results, strict=True):
+        return self._ask(prompter, pending)
+
+    def _answered(self, prompter: Prompter, rows, state, asked, patience) -> list[list[int]]:
+        """The ids to append to each row whose answer is in, taken out of `asked`; [] for others.
+
+        With `patience` None every answer is waited for. Otherwise the answers are waited for
+        that long (the last sampler call's seconds: waiting longer would idle the sampler more
+        than sampling the late rows in a call of their own costs), and when none is in by then,
+        until one is and `patience` more. A row whose answer ends its episode, or whose answer
+        would pass its token limit, is done.
+        """
+        futures = [a.future for a in asked.values() if a.future is not None]
+        if patience is None:
+            wait(futures)
+        elif not wait(futures, timeout=patience).done and len(futures) == len(asked):
+            wait(futures, return_when=FIRST_COMPLETED)
+            wait(futures, timeout=patience)
+        lengths, limits = np.asarray(state.lengths), np.asarray(state.limit)
+        observations = [[] for _ in rows]
+        for index in [index for index, answer in asked.items() if answer.ready()]:
+            follow, row = asked.pop(index).follow(), rows[index]
             if follow is None:
                 row.done = True
                 continue
-            appended = self._observation(prompter, row, follow)
-            if lengths[index] + len(appended) + 1 > limits[index]:
+            ids = self._observation(prompter, row, follow)
+            if lengths[index] + len(ids) + 1 > limits[index]:
                 row.done, row.episode.ended = True, "tokens"
                 continue
-            observations[index] = appended
+            observations[index] = ids
         return observations
 
-    def _respond(self, prompter: Prompter, pending) -> list[list[dict] | None]:
-        """What follows each pending row's turn: tool results or an observation, else None."""
-        runner = self._tool_runner()
-        submitted = []
-        for _, row, text in pending:
+    def _ask(self, prompter: Prompter, pending) -> dict[int, "_Asked"]:
+        """What each pending row's turn waits for, by row: its tool calls, its environment's step,
+        or nothing (its episode's end); the calls and steps start now, on threads."""
+        runner, stepping = self._tool_runner(), None
+        asked = {}
+        for index, row, text in pending:
             turn = self.parser.parse(text) if self.schemas else None
             message = {"role": "assistant", "content": turn.content if turn else text}
             calls = list(turn.calls) if turn else []
@@ -478,28 +553,16 @@ class Episodes:
             if turn is not None and (calls or turn.malformed):
                 ran = calls[: self.limits.max_calls]
                 run_by = row.runner if row.runner is not None else runner
-                submitted.append((turn, calls, run_by.submit(ran) if ran else None))
-            else:
-                submitted.append(None)
-        stepped = _environment_steps(
-            [row for (_, row, _), work in zip(pending, submitted, strict=True) if work is None],
-            self._environment_pool(),
-        )
-        follows = []
-        for (_, row, _), work in zip(pending, submitted, strict=True):
-            if work is not None:
-                follows.append(self._tool_follow(prompter, row, *work))
+                future = run_by.submit(ran) if ran else None
+                follow = functools.partial(self._tool_follow, prompter, row, turn, calls, future)
+                asked[index] = _Asked(future, follow)
             elif row.environment is not None:
-                observation = stepped[id(row)].result()
-                if observation is None:
-                    row.episode.ended = "environment"
-                    follows.append(None)
-                else:
-                    follows.append(_as_messages(observation))
+                stepping = stepping or self._environment_pool()
+                future = stepping.submit(row.environment.step, message)
+                asked[index] = _Asked(future, functools.partial(_observed, row, future))
             else:
-                row.episode.ended = "answer"
-                follows.append(None)
-        return follows
+                asked[index] = _Asked(None, functools.partial(_ended, row, "answer"))
+        return asked
 
     def _tool_follow(self, prompter: Prompter, row: _Row, turn, calls, future) -> list[dict]:
         """The tool messages answering a turn's calls: results, truncated, and errors."""

@@ -663,6 +663,7 @@ def _make_rollouts(config: TrainConfig):
             environment=environment,
             limits=limits,
             environment_tools=caps.environment_tools,
+            rows_apart=config.asynchronous.max_staleness > 0,
         )
     except ValueError as error:  # a method without a schema
         raise ConfigError(f"--environment {config.environment!r}: {error}") from error

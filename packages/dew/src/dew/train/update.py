@@ -76,13 +76,39 @@ def learning_rate(options: OptimizerOptions, steps: int) -> float | optax.Schedu
     return optax.linear_schedule(0.0, lr, warmup) if warmup > 0 else lr
 
 
+def _clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """The transformation scaling gradients by `min(1, max_norm / ||g||)`, `||g||` their norm.
+
+    The value of optax's `clip_by_global_norm` (which computes `g / ||g|| * max_norm` where it
+    clips, so within float32 rounding of it; the same bits where it does not), written as one
+    scalar factor, as torch's `clip_grad_norm_` does: XLA then fuses the factor into AdamW's
+    moments instead of writing the clipped gradients out and reading them back. On this
+    machine's CPU it takes the `wide` model's AdamW step (`benchmarks/flops.py`) from 1.26 GB
+    of memory traffic to 0.92 (XLA's count), and from 78 to 33 ms (medians, timed in turns).
+
+    Examples:
+      >>> clip = _clip_by_global_norm(1.0)
+      >>> clipped, _ = clip.update({"w": jnp.array([3.0, 4.0])}, clip.init(None))
+      >>> clipped["w"].tolist()
+      [0.6000000238418579, 0.800000011920929]
+    """
+
+    def update(updates, state, params=None):
+        del params
+        scale = jnp.minimum(1.0, max_norm / optax.global_norm(updates))
+        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def optimizer(options: OptimizerOptions, steps: int = 0) -> optax.GradientTransformation:
     """AdamW (arXiv:1711.05101) after clipping the global gradient norm to `max_grad_norm`.
 
     The learning rate is `learning_rate(options, steps)`: a linear warmup over the first
     `warmup` optimizer steps, then `lr_schedule` over the run's `steps` optimizer steps.
 
-    Reference: optax `clip_by_global_norm` chained with `adamw`.
+    Reference: optax `clip_by_global_norm` chained with `adamw` (the clip as one factor:
+    `_clip_by_global_norm`).
 
     Examples:
       >>> tx = optimizer(OptimizerOptions(lr=1e-2))
@@ -96,7 +122,7 @@ def optimizer(options: OptimizerOptions, steps: int = 0) -> optax.GradientTransf
       0.0
     """
     return optax.chain(
-        optax.clip_by_global_norm(options.max_grad_norm),
+        _clip_by_global_norm(options.max_grad_norm),
         optax.adamw(
             learning_rate(options, steps), b1=0.9, b2=0.99, weight_decay=options.weight_decay
         ),
