@@ -1,12 +1,19 @@
 """Shared pytest set-up: compiling made cheap for the session; doctests print short arrays.
 
 The tests' programs are tiny, so compiling them costs far more than running them:
-- one JAX compilation cache per session: each program is compiled once, not once per worker
-  process and command-line subprocess. The folder is new for every session (results never depend
-  on an earlier run) and removed at its end;
+- one JAX compilation cache per session: each program that takes a second or more to compile
+  is compiled once, not once per worker process and command-line subprocess. The folder is new
+  for every session (results never depend on an earlier run) and removed at its end. Programs
+  that compile faster (97% of them) are not written: XLA:CPU crashed serializing an executable (a
+  segfault in the cache's write) in about one suite run of three when every program was;
 - LLVM's optimisation passes off (`--xla_backend_optimization_level=0`): on two learning tests
   it cut the CPU time by a quarter. The numbers stay the same, as XLA:CPU compiles without
   fast-math at every level, so no floating-point operation is reordered or fused differently.
+
+And a worker that crashes does not lose the run: XLA:CPU (jaxlib 0.10) segfaults now and then
+inside its compiler, at a random test (about one suite run in two, near the end of a worker's
+thousands of programs; never the same test twice). The test it crashed in runs again, once, on
+the worker that replaces it, and is reported as rerun; a second crash fails it.
 """
 
 import os
@@ -27,7 +34,47 @@ def pytest_configure(config):
     if _CACHE not in os.environ:  # a user's own cache is kept
         config.dew_cache_folder = tempfile.mkdtemp(prefix="dew-test-jax-cache-")
         os.environ[_CACHE] = config.dew_cache_folder
-        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` that does not hang after a crash (pytest-xdist 3.8 does)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class CrashTolerantLoadFile(LoadFileScheduling):
+        def remove_node(self, node):
+            # xdist queues a crashed worker's finished files again; sent to a worker, such a
+            # file runs nothing, so no test ends to hand that worker more and the run waits.
+            workload = self.assigned_work.get(node, {})
+            for finished in [scope for scope, unit in workload.items() if all(unit.values())]:
+                del workload[finished]
+            return super().remove_node(node)
+
+    return CrashTolerantLoadFile(config, log)
+
+
+_crashed: set[str] = set()
+"""The tests a worker crashed in, each run once more (the scheduler queues it again)."""
+
+
+def pytest_handlecrashitem(crashitem, report, sched):
+    if crashitem in _crashed:
+        return  # crashed twice: a failure
+    _crashed.add(crashitem)
+    report.outcome = "rerun"
+
+
+def pytest_report_teststatus(report):
+    if report.outcome == "rerun":
+        return "rerun", "R", "RERUN"
+    return None
+
+
+def pytest_terminal_summary(terminalreporter):
+    for report in terminalreporter.stats.get("rerun", []):
+        terminalreporter.write_line(f"RERUN {report.nodeid}: {report.longrepr}")
 
 
 def pytest_unconfigure(config):
