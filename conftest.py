@@ -23,6 +23,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 _CACHE = "JAX_COMPILATION_CACHE_DIR"
 
@@ -40,31 +41,47 @@ def pytest_configure(config):
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
 
 
+class CrashTolerantLoadFile(LoadFileScheduling):
+    """`--dist loadfile` that does not hang after a crash, as pytest-xdist 3.8's does.
+
+    A worker runs a test only once it has been sent the next one or told to shut down. After a
+    crash xdist queued the dead worker's files again, the finished ones too, and handed the
+    worker that replaced it one file: one that ran nothing, or the one test it crashed in.
+    Either way no test ended to hand that worker more, and the run waited for ever.
+    """
+
+    def remove_node(self, node):
+        workload = self.assigned_work.get(node, {})
+        for finished in [scope for scope, unit in workload.items() if all(unit.values())]:
+            del workload[finished]
+        return super().remove_node(node)
+
+    def _reschedule(self, node):
+        super()._reschedule(node)
+        while self.workqueue and not node.shutting_down and self._pending(node) < 2:
+            self._assign_work_unit(node)
+        if not self.workqueue and not node.shutting_down:
+            node.shutdown()
+
+    def _pending(self, node) -> int:
+        return self._pending_of(self.assigned_work[node])
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hooks: `-p no:xdist` runs without them
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` that does not hang after a crash (pytest-xdist 3.8 does)."""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class CrashTolerantLoadFile(LoadFileScheduling):
-        def remove_node(self, node):
-            # xdist queues a crashed worker's finished files again; sent to a worker, such a
-            # file runs nothing, so no test ends to hand that worker more and the run waits.
-            workload = self.assigned_work.get(node, {})
-            for finished in [scope for scope, unit in workload.items() if all(unit.values())]:
-                del workload[finished]
-            return super().remove_node(node)
-
-    return CrashTolerantLoadFile(config, log)
+    if config.getoption("dist") == "loadfile":
+        return CrashTolerantLoadFile(config, log)
+    return None
 
 
 _crashed: set[str] = set()
 """The tests a worker crashed in, each run once more (the scheduler queues it again)."""
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched):
-    if crashitem in _crashed:
-        return  # crashed twice: a failure
+    if not isinstance(sched, CrashTolerantLoadFile) or crashitem in _crashed:
+        return  # not queued again, or crashed twice: a failure
     _crashed.add(crashitem)
     report.outcome = "rerun"
 
