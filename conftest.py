@@ -11,10 +11,10 @@ The tests' programs are tiny, so compiling them costs far more than running them
   default level four LoRA tests of the model families differed beyond theirs).
 
 And a worker that crashes does not lose the run: XLA:CPU (jaxlib 0.10) segfaults now and then,
-or aborts, inside its compiler or its serializer, at a random test (in about one suite run in
-two, late in a worker's thousands of programs; never the same test twice). The test it crashed
-in runs again, once, on the worker that replaces it, and is reported as rerun; a second crash
-fails it.
+or aborts, inside its compiler or its serializer, at a random test (once in most suite runs,
+late in a worker's thousands of programs; never the same test twice). The test it crashed in
+runs again, once, on the worker that replaces it, and is reported as rerun; a second crash fails
+it.
 """
 
 import os
