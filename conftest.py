@@ -45,26 +45,19 @@ class CrashTolerantLoadFile(LoadFileScheduling):
     """`--dist loadfile` that does not hang after a crash, as pytest-xdist 3.8's does.
 
     A worker runs a test only once it has been sent the next one or told to shut down. After a
-    crash xdist queued the dead worker's files again, the finished ones too, and handed the
-    worker that replaced it one file: one that ran nothing, or the one test it crashed in.
-    Either way no test ended to hand that worker more, and the run waited for ever.
+    crash xdist handed the worker that replaced the dead one a single file (one of the dead
+    worker's, queued again: finished, or holding the one test it crashed in) and handed it more
+    only when a test ended; none did, and the run waited for ever. Here a worker is handed files
+    until it holds two tests, and told to shut down once none are left.
     """
-
-    def remove_node(self, node):
-        workload = self.assigned_work.get(node, {})
-        for finished in [scope for scope, unit in workload.items() if all(unit.values())]:
-            del workload[finished]
-        return super().remove_node(node)
 
     def _reschedule(self, node):
         super()._reschedule(node)
-        while self.workqueue and not node.shutting_down and self._pending(node) < 2:
+        held = self.assigned_work[node]
+        while self.workqueue and not node.shutting_down and self._pending_of(held) < 2:
             self._assign_work_unit(node)
         if not self.workqueue and not node.shutting_down:
             node.shutdown()
-
-    def _pending(self, node) -> int:
-        return self._pending_of(self.assigned_work[node])
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hooks: `-p no:xdist` runs without them

@@ -252,9 +252,9 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     name = args.what if args.task == "reverse" else f"{args.what}_{args.task}"
-    if args.what == "learning" and args.steps not in (None, 250):
-        name = f"{name}_{args.steps}"
     if args.what == "learning":
+        if args.steps not in (None, 250):
+            name = f"{name}_{args.steps}"
         settings = LEARNING
         if args.staleness:
             settings = [(int(k), True) for k in args.staleness.split(",")]

@@ -10,6 +10,7 @@ is measured.
 import doctest
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -24,6 +25,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_math.py"
 
 
 def _load(path: Path):
+    # Its sibling modules (`children`) import as they do when the script runs from its folder.
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
     # A name no other module has: doctest looks a function's module up by its name.
     spec = importlib.util.spec_from_file_location(f"_benchmark_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)

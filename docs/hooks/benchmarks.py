@@ -192,10 +192,10 @@ def smollm2_staleness_table() -> str:
     for name, setting in STALENESS.items():
         results = load(name)
         cells = [f"{row['pass@1']:.3f} ± {row['pass@1_ci']:.3f}" for row in results["table"][1:]]
-        finals = ", ".join(f"{run['curve'][-1]['pass@1']:.2f}" for run in results["runs"])
         runs = results["runs"]
+        finals = ", ".join(f"{run['curve'][-1]['pass@1']:.2f}" for run in runs)
         rewards = statistics.fmean(statistics.fmean(run["rewards"][-15:]) for run in runs)
-        seconds = ", ".join(f"{run['run_s']:.0f}" for run in results["runs"])
+        seconds = ", ".join(f"{run['run_s']:.0f}" for run in runs)
         rows.append([setting, *cells, finals, f"{rewards:.3f}", seconds])
     steps = [str(row["step"]) for row in load("smollm2_learning")["table"][1:]]
     header = ["setting", *(f"pass@1, step {step}" for step in steps), "each seed's last",
