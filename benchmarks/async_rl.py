@@ -3,6 +3,7 @@
 Run by hand from the repository root:
 
     uv run python benchmarks/async_rl.py learning [--seeds N] [--steps S] [--task T] [--staleness K]
+        [--importance KIND] [--results PATH]
     uv run python benchmarks/async_rl.py throughput [--steps S] [--repeats R]
 
 `learning` trains the digit demo (`dew train`'s defaults: GRPO, reverse, the default model, 32
@@ -10,9 +11,12 @@ prompts x 8, 250 steps) for each seed with K = 0, 1, 2, 4, 8, 16 and the importa
 on (`--tis-cap 2`, token-level truncation), and with K = 4, 8, 16 without it, the runs of one seed
 taken in turn. `--task add --staleness 0,1,2,4` trains the digit addition task instead (the
 corrected runs of those K alone) and writes `async_learning_add.json`; `--steps S` other than
-250 writes `async_learning_S.json` (`async_learning_add_S.json`). It
-records each run's reward curve, the mean reward of its last 20 steps, its greedy held-out reward
-and the first step whose reward reaches 0.9, and writes `benchmarks/results/async_learning.json`.
+250 writes `async_learning_S.json` (`async_learning_add_S.json`). `--staleness` runs the K
+given, each with every `--importance` kind given (`token`, the default, `sequence`, `token_mask`,
+`sequence_mask`, or `none` for no correction; K = 0, where nothing is stale, with the first
+alone); `--results` names the file instead. It records each run's reward curve, the mean reward
+of its last 20 steps, its greedy held-out reward and the first step whose reward reaches 0.9,
+and writes `benchmarks/results/async_learning.json`.
 
 `throughput` runs three jobs where overlap can pay, each with K = 0 and K > 0 in turn (R times,
 medians kept), and reports steady steps/s (wall time from the end of step 2 to the last) and
@@ -59,10 +63,11 @@ from dew.train.trainer import Trainer, train
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 LEARNING = [
-    (0, True), (1, True), (2, True), (4, True), (4, False), (8, True), (8, False), (16, True),
-    (16, False),
+    (0, "token"), (1, "token"), (2, "token"), (4, "token"), (4, None), (8, "token"), (8, None),
+    (16, "token"), (16, None),
 ]  # fmt: skip
-"""(K, importance correction on) of each `learning` run."""
+"""(K, `--importance` kind of the correction, None for none) of each `learning` run."""
+IMPORTANCE = ("token", "sequence", "token_mask", "sequence_mask", "none")
 
 
 def _machine() -> dict:
@@ -75,27 +80,27 @@ def _machine() -> dict:
     }
 
 
-def _config(staleness: int, corrected: bool, **options) -> TrainConfig:
-    objective = {"tis_cap": 2.0} if corrected else {}
+def _config(staleness: int, correction: str | None, **options) -> TrainConfig:
+    objective = {} if correction is None else {"tis_cap": 2.0, "importance": correction}
     config = TrainConfig(objective_options=objective)
     return config.replace(max_staleness=staleness, checkpoint_every=10_000, **options)
 
 
-def learning(seeds: int, steps: int, task: str, settings: list[tuple[int, bool]]) -> dict:
-    """Each (K, corrected) run of each seed: its curve, last-20 mean, greedy reward, step to 0.9."""
+def learning(seeds: int, steps: int, task: str, settings: list[tuple[int, str | None]]) -> dict:
+    """Each (K, correction) run of each seed: its curve, last-20 mean, greedy, step to 0.9."""
     runs = []
     for seed in range(seeds):
-        for staleness, corrected in settings:
+        for staleness, correction in settings:
             with tempfile.TemporaryDirectory() as out:
                 options = {"steps": steps, "seed": seed, "task": task, "out": out}
-                config = _config(staleness, corrected, **options)
+                config = _config(staleness, correction, **options)
                 result = train(config, quiet=True)
             curve = [row["reward"] for row in result.history]
             reached = [row["step"] for row in result.history if row["reward"] >= 0.9]
             runs.append(
                 {
                     "staleness": staleness,
-                    "corrected": corrected,
+                    "correction": correction,
                     "seed": seed,
                     "last_20": float(np.mean(curve[-20:])),
                     "greedy": result.greedy_reward,
@@ -104,7 +109,7 @@ def learning(seeds: int, steps: int, task: str, settings: list[tuple[int, bool]]
                 }
             )
             print(
-                f"K={staleness} corrected={corrected} seed={seed}: last 20 "
+                f"K={staleness} correction={correction} seed={seed}: last 20 "
                 f"{runs[-1]['last_20']:.3f}, greedy {result.greedy_reward:.3f}",
                 flush=True,
             )
@@ -247,8 +252,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--task", default="reverse", help="learning: the digit task to train")
     parser.add_argument(
-        "--staleness", help="learning: the K to run, corrected, comma-separated (default: all)"
+        "--staleness", help="learning: the K to run, comma-separated (default: all)"
     )
+    parser.add_argument(
+        "--importance", default="token", help="learning with --staleness: the corrections' kinds"
+    )
+    parser.add_argument("--results", type=Path, help="learning: the file to write")
     args = parser.parse_args()
     load_before = os.getloadavg()
     name = args.what if args.task == "reverse" else f"{args.what}_{args.task}"
@@ -257,7 +266,12 @@ def main() -> None:
             name = f"{name}_{args.steps}"
         settings = LEARNING
         if args.staleness:
-            settings = [(int(k), True) for k in args.staleness.split(",")]
+            named = args.importance.split(",")
+            if unknown := set(named) - set(IMPORTANCE):
+                raise SystemExit(f"--importance: {sorted(unknown)} not among {IMPORTANCE}")
+            kinds = [None if kind == "none" else kind for kind in named]
+            ks = [int(k) for k in args.staleness.split(",")]
+            settings = [(k, kind) for k in ks for kind in (kinds[:1] if k == 0 else kinds)]
         result = learning(args.seeds, args.steps or 250, args.task, settings)
     else:
         measure = throughput if args.what == "throughput" else apart
@@ -269,7 +283,7 @@ def main() -> None:
                 f"{row['samples_per_s']:>10.1f} {row['x_first']:>6.2f}"
             )
     result["machine"] = {**_machine(), "load_average_before": load_before}
-    path = RESULTS / f"async_{name}.json"
+    path = args.results or RESULTS / f"async_{name}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
 

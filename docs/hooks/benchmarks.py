@@ -10,10 +10,13 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: trl_grpo_preload -->`, `<!-- bench: trl_grpo_preload_seeds_10_19 -->`,
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
 `<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
-`<!-- bench: flops -->`, `<!-- bench: async_learning -->` (and `_add`, `_500`),
+`<!-- bench: flops -->`, `<!-- bench: async_learning -->` (and `_add`, `_500`, `_500_sequence`,
+`_far`, `_1000`),
 `<!-- bench: async_throughput -->`, `<!-- bench: async_apart -->`,
 `<!-- bench: smollm2_learning -->`, `<!-- bench: smollm2_learning_k2 -->` (and `_k1`, `_k4`,
-`_k4_uncorrected`), `<!-- bench: smollm2_staleness -->` or `<!-- bench: trl_smollm2 -->`;
+`_k4_uncorrected`), `<!-- bench: smollm2_staleness -->`, `<!-- bench: trl_smollm2 -->`,
+`<!-- bench: trl_smollm2_curve -->` (rewards) or `<!-- bench: trl_smollm2_curve_steps -->` (its
+steps' figures);
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -203,9 +206,9 @@ def smollm2_staleness_table() -> str:
     return markdown_table(header, rows)
 
 
-def trl_smollm2_table() -> str:
+def trl_smollm2_table(name: str = "trl_smollm2") -> str:
     """Dew against TRL on SmolLM2 GRPO: medians over runs of the steady step's figures."""
-    results = load("trl_smollm2")
+    results = load(name)
     rows = []
     for system in ("dew", "trl"):
         runs = [run for run in results["runs"] if run["system"] == system]
@@ -227,6 +230,26 @@ def trl_smollm2_table() -> str:
     header = ["", "runs", "steady step (s)", "sampling tokens/s", "update tokens/s",
               "peak RSS (GiB)"]  # fmt: skip
     return markdown_table(header, rows)
+
+
+def trl_smollm2_curve_table(name: str, window: int = 5) -> str:
+    """Dew's and TRL's training reward per window of steps: the mean over seeds, each seed's."""
+    runs = load(name)["runs"]
+    steps = min(len(run["rows"]) for run in runs)
+    rows = []
+    for first in range(1, steps + 1, window):
+        last = min(first + window - 1, steps)
+        row = [f"{first}-{last}"]
+        for system in ("dew", "trl"):
+            means = [
+                statistics.mean(r["reward"] for r in run["rows"][first - 1 : last])
+                for run in runs
+                if run["system"] == system
+            ]
+            each = ", ".join(f"{m:.3f}" for m in means)
+            row.append(f"{statistics.mean(means):.3f} ({each})")
+        rows.append(row)
+    return markdown_table(["steps", "Dew: mean (each seed)", "TRL: mean (each seed)"], rows)
 
 
 def models_table(name: str = "models") -> str:
@@ -529,17 +552,27 @@ def episodes_table(results: str) -> str:
     return markdown_table([header, *columns], rows)
 
 
+CORRECTIONS = {
+    "token": "token TIS, cap 2",
+    "sequence": "sequence TIS, cap 2",
+    "token_mask": "token mask, [1/2, 2]",
+    "sequence_mask": "sequence mask, [1/2, 2]",
+    None: "none",
+}
+"""The table's words for `async_rl.py learning`'s correction (its `--importance` kind, or None)."""
+
+
 def async_learning_table(name: str) -> str:
     """Per (K, correction): the median and range over seeds of the last 20 steps and greedy."""
     r = load(name)
     settings: dict = {}
     for run in r["runs"]:
-        settings.setdefault((run["staleness"], run["corrected"]), []).append(run)
+        settings.setdefault((run["staleness"], run["correction"]), []).append(run)
     rows = []
-    for (staleness, corrected), runs in settings.items():
+    for (staleness, correction), runs in settings.items():
         reached = [run["step_to_0.9"] for run in runs if run["step_to_0.9"] is not None]
         rows.append([
-            str(staleness), "token TIS, cap 2" if corrected else "none",
+            str(staleness), CORRECTIONS[correction],
             spread([run["last_20"] for run in runs], ".3f"),
             spread([run["greedy"] for run in runs], ".3f"),
             f"{statistics.median(reached):.0f} ({len(reached)} of {len(runs)})" if reached else "-",
@@ -589,8 +622,10 @@ def expand(match: re.Match) -> str:
         return smollm2_staleness_table()
     if table.startswith("smollm2_learning"):
         return smollm2_learning_table(table)
-    if table == "trl_smollm2":
-        return trl_smollm2_table()
+    if table in ("trl_smollm2", "trl_smollm2_curve_steps"):
+        return trl_smollm2_table(table.removesuffix("_steps"))
+    if table == "trl_smollm2_curve":
+        return trl_smollm2_curve_table(table)
     if table in ("models", "models_default"):
         return models_table(table)
     if table == "flops":
