@@ -15,8 +15,7 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: async_throughput -->`, `<!-- bench: async_apart -->`,
 `<!-- bench: smollm2_learning -->`, `<!-- bench: smollm2_learning_k2 -->` (and `_k1`, `_k4`,
 `_k4_uncorrected`), `<!-- bench: smollm2_staleness -->`, `<!-- bench: trl_smollm2 -->`,
-`<!-- bench: trl_smollm2_curve -->` (rewards) or `<!-- bench: trl_smollm2_curve_steps -->` (its
-steps' figures);
+`<!-- bench: trl_smollm2_48 -->` or `<!-- bench: trl_smollm2_curve -->` (rewards);
 the hook replaces each with a table of the numbers the scripts last wrote, so the page shows what
 was measured, not what someone typed. The prose around the tables quotes the same files.
 """
@@ -622,8 +621,8 @@ def expand(match: re.Match) -> str:
         return smollm2_staleness_table()
     if table.startswith("smollm2_learning"):
         return smollm2_learning_table(table)
-    if table in ("trl_smollm2", "trl_smollm2_curve_steps"):
-        return trl_smollm2_table(table.removesuffix("_steps"))
+    if table in ("trl_smollm2", "trl_smollm2_48"):
+        return trl_smollm2_table(table)
     if table == "trl_smollm2_curve":
         return trl_smollm2_curve_table(table)
     if table in ("models", "models_default"):
