@@ -55,6 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dew.objective import load_objective
+from dew.options import ConfigError
 from dew.rollout.episode import EpisodeLimits, Episodes
 from dew.tasks.guess import NumberGuess
 from dew.train import TrainConfig
@@ -67,7 +69,6 @@ LEARNING = [
     (16, "token"), (16, None),
 ]  # fmt: skip
 """(K, `--importance` kind of the correction, None for none) of each `learning` run."""
-IMPORTANCE = ("token", "sequence", "token_mask", "sequence_mask", "none")
 
 
 def _machine() -> dict:
@@ -266,10 +267,13 @@ def main() -> None:
             name = f"{name}_{args.steps}"
         settings = LEARNING
         if args.staleness:
-            named = args.importance.split(",")
-            if unknown := set(named) - set(IMPORTANCE):
-                raise SystemExit(f"--importance: {sorted(unknown)} not among {IMPORTANCE}")
-            kinds = [None if kind == "none" else kind for kind in named]
+            kinds = [None if kind == "none" else kind for kind in args.importance.split(",")]
+            for kind in kinds:  # Dew's own check of each kind, before hours of runs
+                config = _config(1, kind)
+                try:
+                    load_objective(config.objective, config.objective_options)
+                except ConfigError as error:
+                    raise SystemExit(f"async_rl.py: {error}") from None
             ks = [int(k) for k in args.staleness.split(",")]
             settings = [(k, kind) for k in ks for kind in (kinds[:1] if k == 0 else kinds)]
         result = learning(args.seeds, args.steps or 250, args.task, settings)

@@ -231,9 +231,9 @@ def trl_smollm2_table(name: str = "trl_smollm2") -> str:
     return markdown_table(header, rows)
 
 
-def trl_smollm2_curve_table(name: str, window: int = 5) -> str:
-    """Dew's and TRL's training reward per window of steps: the mean over seeds, each seed's."""
-    runs = load(name)["runs"]
+def trl_smollm2_curve_table(name: str) -> str:
+    """Dew's and TRL's training reward per 5 steps: the mean over seeds, and each seed's."""
+    runs, window = load(name)["runs"], 5
     steps = min(len(run["rows"]) for run in runs)
     rows = []
     for first in range(1, steps + 1, window):
