@@ -3,7 +3,7 @@
 Run by hand from the repository root:
 
     uv run python benchmarks/async_rl.py learning [--seeds N] [--steps S] [--task T] [--staleness K]
-        [--importance KIND] [--results PATH]
+        [--importance KIND] [--lr LR] [--results PATH]
     uv run python benchmarks/async_rl.py throughput [--steps S] [--repeats R]
 
 `learning` trains the digit demo (`dew train`'s defaults: GRPO, reverse, the default model, 32
@@ -14,7 +14,8 @@ corrected runs of those K alone) and writes `async_learning_add.json`; `--steps 
 250 writes `async_learning_S.json` (`async_learning_add_S.json`). `--staleness` runs the K
 given, each with every `--importance` kind given (`token`, the default, `sequence`, `token_mask`,
 `sequence_mask`, or `none` for no correction; K = 0, where nothing is stale, with the first
-alone); `--results` names the file instead. It records each run's reward curve, the mean reward
+alone); `--lr` sets the runs' learning rate (the default's, 1e-3, unless given); `--results`
+names the file instead. It records each run's reward curve, the mean reward
 of its last 20 steps, its greedy held-out reward and the first step whose reward reaches 0.9,
 and writes `benchmarks/results/async_learning.json`.
 
@@ -60,6 +61,7 @@ from dew.options import ConfigError
 from dew.rollout.episode import EpisodeLimits, Episodes
 from dew.tasks.guess import NumberGuess
 from dew.train import TrainConfig
+from dew.train.config import validate
 from dew.train.trainer import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,13 +89,15 @@ def _config(staleness: int, correction: str | None, **options) -> TrainConfig:
     return config.replace(max_staleness=staleness, checkpoint_every=10_000, **options)
 
 
-def learning(seeds: int, steps: int, task: str, settings: list[tuple[int, str | None]]) -> dict:
+def learning(
+    seeds: int, steps: int, task: str, settings: list[tuple[int, str | None]], lr: float
+) -> dict:
     """Each (K, correction) run of each seed: its curve, last-20 mean, greedy, step to 0.9."""
     runs = []
     for seed in range(seeds):
         for staleness, correction in settings:
             with tempfile.TemporaryDirectory() as out:
-                options = {"steps": steps, "seed": seed, "task": task, "out": out}
+                options = {"steps": steps, "seed": seed, "task": task, "out": out, "lr": lr}
                 config = _config(staleness, correction, **options)
                 result = train(config, quiet=True)
             curve = [row["reward"] for row in result.history]
@@ -114,7 +118,7 @@ def learning(seeds: int, steps: int, task: str, settings: list[tuple[int, str | 
                 f"{runs[-1]['last_20']:.3f}, greedy {result.greedy_reward:.3f}",
                 flush=True,
             )
-    return {"task": task, "steps": steps, "seeds": seeds, "runs": runs}
+    return {"task": task, "steps": steps, "seeds": seeds, "lr": lr, "runs": runs}
 
 
 class SlowGuess(NumberGuess):
@@ -259,6 +263,9 @@ def main() -> None:
         "--importance", default="token", help="learning with --staleness: the corrections' kinds"
     )
     parser.add_argument("--results", type=Path, help="learning: the file to write")
+    parser.add_argument(
+        "--lr", type=float, default=TrainConfig().lr, help="learning: the runs' learning rate"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     name = args.what if args.task == "reverse" else f"{args.what}_{args.task}"
@@ -268,15 +275,15 @@ def main() -> None:
         settings = LEARNING
         if args.staleness:
             kinds = [None if kind == "none" else kind for kind in args.importance.split(",")]
-            for kind in kinds:  # Dew's own check of each kind, before hours of runs
-                config = _config(1, kind)
+            for kind in kinds:  # Dew's own checks of each kind and the rate, before hours of runs
+                config = _config(1, kind, lr=args.lr)
                 try:
-                    load_objective(config.objective, config.objective_options)
+                    validate(config, load_objective(config.objective, config.objective_options))
                 except ConfigError as error:
                     raise SystemExit(f"async_rl.py: {error}") from None
             ks = [int(k) for k in args.staleness.split(",")]
             settings = [(k, kind) for k in ks for kind in (kinds[:1] if k == 0 else kinds)]
-        result = learning(args.seeds, args.steps or 250, args.task, settings)
+        result = learning(args.seeds, args.steps or 250, args.task, settings, args.lr)
     else:
         measure = throughput if args.what == "throughput" else apart
         result = measure(args.steps or 12, args.repeats)

@@ -1,6 +1,6 @@
 """The update's achieved FLOP/s against this machine's measured matmul peak, float32 and bfloat16.
 
-Run by hand from the repository root (a few minutes on a 2-core CPU):
+Run by hand from the repository root (about ten minutes on a 2-core CPU):
 
     uv run python benchmarks/flops.py [--repeats 5] [--results PATH]
 
@@ -9,7 +9,7 @@ In one run, side by side:
 - the machine's **matmul peak**: a jitted `2048 x 2048 x 2048` matmul in float32 and in
   bfloat16 (bfloat16 inputs, float32 accumulation as the models ask for it), the fastest of
   `--repeats` calls;
-- for two models, one GRPO update step (the default job's objective, one optimizer step per
+- for three models, one GRPO update step (the default job's objective, one optimizer step per
   rollout, one micro-batch; its batch carries the reference's log-probs, which the trainer
   computes in a pass of its own while it scores the rollout, and its groups share their prompt,
   as a rollout's do): the **update** whole, and the parts it is made of, each compiled on its
@@ -25,8 +25,10 @@ The models: `default`, the built-in size `dew train` trains, on the default job'
 prompts x group 8 of `reverse`: 5-token prompts, completions of 1 to 4 tokens); and `wide`, a
 4-layer model of hidden size 512 and a vocabulary of 8192 on a group of 4 rows of 128 tokens
 (a 64-token prompt, completions of 32 to 64), whose matmuls are large enough to approach the
-peak. `6 x parameters x tokens` (a forward and backward pass over every position) is printed
-beside XLA's count of the update.
+peak; and `smollm2`, SmolLM2-135M's shape (random weights) on the first real run's batch: 4
+groups of 4 rows of 128 tokens, an 80-token prompt each, completions of 40 to 48 tokens.
+`6 x parameters x tokens` (a forward and backward pass over every position) is recorded beside
+XLA's count of the update.
 
 Prints a table and writes `benchmarks/results/flops.json`, the load average with it.
 """
@@ -36,6 +38,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -53,6 +56,9 @@ from dew.objective import load_objective
 from dew.train.config import TrainConfig
 from dew.train.update import UpdateSpec, make_update, optimizer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import SMOLLM2_135M
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "flops.json"
 PEAK_SIZE = 2048
@@ -69,6 +75,7 @@ MODELS = {
     # name: (config, rows, group, prompt tokens, completion tokens (low, high), row length)
     "default": (SIZES["default"], 256, 8, 5, (1, 5), 9),
     "wide": (WIDE, 4, 4, 64, (32, 65), 128),
+    "smollm2": (SMOLLM2_135M, 16, 4, 80, (40, 49), 128),
 }
 
 

@@ -15,15 +15,20 @@ In one run, side by side:
   donated so no fresh pages are faulted in; bytes read + written) and matmul FLOP/s (a jitted
   float32 2048^3 matmul);
 - loading the GGUF file, in a fresh subprocess: seconds and peak RSS against its memory before;
-- prefill tokens/s (`Policy.prefill` over `--prompt` tokens per row) against the compute
-  roofline: FLOP/s over the FLOPs per prompt token (2 per weight of every matmul, the logits
-  included, plus attention's);
+- prefill tokens/s (`Policy.prefill` over `--prompt` tokens per row, then the logits of each
+  row's last position, as the sampler prefills) against the compute roofline: FLOP/s over the
+  FLOPs per prompt token (2 per weight of every matmul, plus attention's, and a row's logits
+  shared by its prompt's tokens);
 - decode tokens/s (the sampler's loop, `--new` tokens per row after the prefill, drawn at
   `--temperature`) against its roofline: each step reads every weight once, so at batch B a step
   cannot beat `weight bytes / copy bandwidth`, nor `B x FLOPs per token / FLOP/s`.
 
-Prints a table and writes `benchmarks/results/models.json` (or `--results`), the load average
-with it.
+- what a decode step is made of: its time (decode's seconds over `--new`) beside its float32
+  matrix products alone (each layer's projections and the logits, chained from a random input: no
+  attention, cache or draw).
+
+Prints two tables and writes `benchmarks/results/models.json` (or `--results`), the load
+average with it.
 """
 
 import argparse
@@ -91,13 +96,15 @@ def machine(repeats: int) -> dict:
     return {"copy_bytes_per_s": 2 * nbytes / copy_s, "matmul_flop_per_s": 2 * 2048**3 / matmul_s}
 
 
-def flops_per_token(config, context: int) -> float:
-    """Forward FLOPs per token: 2 per matmul weight (logits included), attention over `context`."""
+def flops_per_token(config, context: int, logits: bool = True) -> float:
+    """Forward FLOPs per token: 2 per matmul weight (the logits' with `logits`), attention over
+    `context`."""
     d, h, kv = config.dim_per_head, config.num_attention_heads, config.num_key_value_heads
     hidden, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     per_layer = hidden * (h + 2 * kv) * d + h * d * hidden + 3 * hidden * inner
     attention = 2 * h * d * context  # scores and weighted values
-    return 2.0 * (layers * per_layer + hidden * config.vocab_size) + 2.0 * layers * attention
+    unembedding = hidden * config.vocab_size if logits else 0
+    return 2.0 * (layers * per_layer + unembedding) + 2.0 * layers * attention
 
 
 def measure(policy, batch: int, prompt: int, new: int, repeats: int, dtype: str, temperature):
@@ -112,7 +119,8 @@ def measure(policy, batch: int, prompt: int, new: int, repeats: int, dtype: str,
     @jax.jit
     def prefill(params, tokens):
         model = nnx.merge(graphdef, params)
-        return model.prefill(tokens, model.init_cache(batch, prompt + new))[0][:, -1]
+        hidden, _ = model.prefill(tokens, model.init_cache(batch, prompt + new))
+        return model.unembed(hidden[:, -1])  # as the sampler: the last position's logits alone
 
     def generate(steps):
         return sample_state(
@@ -123,7 +131,51 @@ def measure(policy, batch: int, prompt: int, new: int, repeats: int, dtype: str,
     prefill_s = best_seconds(lambda: prefill(params, tokens), repeats)
     one_s = best_seconds(lambda: generate(1), repeats)
     many_s = best_seconds(lambda: generate(new + 1), repeats)
-    return {"prefill_s": prefill_s, "decode_s": many_s - one_s}
+    return {
+        "prefill_s": prefill_s,
+        "decode_s": many_s - one_s,
+        # XLA:CPU's bfloat16 products alone are no guide to the model's (182 ms at batch 1
+        # against a 23 ms step): float32's alone are timed.
+        "matmuls_s": matmuls_seconds(policy, batch, repeats) if dtype == "float32" else None,
+    }
+
+
+def matmuls_seconds(policy, batch: int, repeats: int) -> float:
+    """Seconds of a float32 decode step's matrix products alone at `batch` rows: each layer's
+    joined q/k/v, output, joined gate/up and down kernels (joined before the clock, as the
+    sampler joins them before its loop), then the logits, one after another from a random input
+    (no norms, rotary, attention, cache or draw)."""
+
+    def kernel(*linears):
+        return jnp.concatenate([linear.kernel[...] for linear in linears], axis=1)
+
+    layers = [
+        (
+            kernel(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+            kernel(layer.self_attn.o_proj),
+            kernel(layer.mlp.gate_proj, layer.mlp.up_proj),
+            kernel(layer.mlp.down_proj),
+        )
+        for layer in policy.layers
+    ]
+    unembedding, pattern = policy.unembedding()
+    queries = policy.config.num_attention_heads * policy.config.dim_per_head
+    inner = policy.config.intermediate_size
+
+    @jax.jit
+    def products(layers, unembedding, x):
+        for qkv, out, gate_up, down in layers:
+            x = x + (x @ qkv)[:, :queries] @ out
+            gate_up = x @ gate_up
+            x = x + (gate_up[:, :inner] * gate_up[:, inner:]) @ down
+        return jnp.einsum(pattern, x, unembedding)
+
+    x = jax.random.normal(jax.random.key(2), (batch, policy.config.hidden_size))
+    return best_seconds(lambda: products(layers, unembedding, x), repeats)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.2f}"
 
 
 def main() -> None:
@@ -152,11 +204,15 @@ def main() -> None:
     largest = max(p.size * p.dtype.itemsize for p in params)
     load_before = os.getloadavg()
     peaks = machine(args.repeats)
-    rows = []
+    rows, steps = [], []
     for dtype, batch in itertools.product(args.sample_dtypes, args.batches):
         timed = measure(policy, batch, args.prompt, args.new, args.repeats, dtype, args.temperature)
         read = sum(p.size * jnp.dtype(dtype).itemsize for p in params)
-        prefill_flops = flops_per_token(config, args.prompt / 2)
+        # A prefill unembeds each row's last position alone, as the sampler's does.
+        unembedding = 2.0 * config.hidden_size * config.vocab_size
+        prefill_flops = flops_per_token(config, args.prompt / 2, logits=False) + (
+            unembedding / args.prompt
+        )
         decode_flops = flops_per_token(config, args.prompt + args.new / 2)
         step_floor = max(
             read / peaks["copy_bytes_per_s"],
@@ -173,6 +229,10 @@ def main() -> None:
                 "seconds": seconds, "tokens_per_s": rate, "roofline_tokens_per_s": roofline,
                 "of_roofline": rate / roofline,
             })  # fmt: skip
+        steps.append({
+            "dtype": dtype, "batch": batch, "step_s": timed["decode_s"] / args.new,
+            "matmuls_s": timed["matmuls_s"],
+        })  # fmt: skip
     result = {
         "model": MODELS.get(args.model, args.model),
         "temperature": args.temperature,
@@ -193,6 +253,7 @@ def main() -> None:
             "jax": jax.__version__,
         },
         "phases": rows,
+        "steps": steps,
     }
     args.results.write_text(json.dumps(result, indent=2) + "\n")
     copy, matmul = peaks["copy_bytes_per_s"] / 1e9, peaks["matmul_flop_per_s"] / 1e9
@@ -208,6 +269,12 @@ def main() -> None:
         print(
             f"{row['phase']:8} {row['dtype']:9} {row['batch']:>5} {row['tokens_per_s']:>10.1f} "
             f"{row['roofline_tokens_per_s']:>10.1f} {row['of_roofline']:>6.2f}"
+        )
+    print(f"{'dtype':9} {'batch':>5} {'step ms':>8} {'matmuls':>8}")
+    for step in steps:
+        print(
+            f"{step['dtype']:9} {step['batch']:>5} {1e3 * step['step_s']:>8.2f} "
+            f"{_ms(step['matmuls_s']):>8}"
         )
     print(f"wrote {args.results}")
 

@@ -17,9 +17,9 @@ update as XLA compiles it for the run's batch (rows = prompts x group, prompt wi
 long), whose peak holds the float32 weights, their gradient, AdamW's two moments, the reference
 copy and the batch's activations (`compiled_memory` of `benchmarks/memory.py`, with its
 memory-minimising scheduler: the program's need, not the CPU default's slack), plus the
-sampler's KV cache and prefill logits for the rollout's rows. Evaluation: the float32 weights and
-the sampler's KV cache and prefill logits for one draw of rows. Issue #32 asks for a peak of at
-most 3x the budget.
+sampler's KV cache and the logits each row draws from, for the rollout's rows. Evaluation: the
+float32 weights and the sampler's KV cache and logits for one draw of rows. Issue #32 asks for a
+peak of at most 3x the budget.
 
 Prints a table and writes `benchmarks/results/peak_memory.json`.
 """
@@ -65,9 +65,10 @@ def peak_rss(command: list[str]) -> tuple[int, float]:
 
 
 def sampler_bytes(model, rows: int, width: int, new_tokens: int) -> int:
-    """The float32 KV cache of `rows` rows `width + new_tokens` long, and their prefill logits."""
+    """The float32 KV cache of `rows` rows `width + new_tokens` long, and the logits each row
+    draws from (one position's: the prefill unembeds each prompt's last alone)."""
     per_token = 2 * model.num_hidden_layers * model.num_key_value_heads * model.dim_per_head
-    return 4 * rows * (per_token * (width + new_tokens) + width * model.vocab_size)
+    return 4 * rows * (per_token * (width + new_tokens) + model.vocab_size)
 
 
 def budgets() -> dict:

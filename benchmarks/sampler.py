@@ -56,15 +56,16 @@ def floor_passes(graphdef, params, prompts, max_new_tokens: int, group: int) -> 
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
     heads = prompts[::group]
-    logits, cache = model.prefill(heads, model.init_cache(len(heads), width + max_new_tokens))
+    hidden, cache = model.prefill(heads, model.init_cache(len(heads), width + max_new_tokens))
     cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), cache)
     fed = prompts[:, -1:]
 
     def step(i, carry):
         _, cache = carry
-        return model.decode(fed, jnp.full((batch,), width + i, jnp.int32), cache)
+        hidden, cache = model.decode(fed, jnp.full((batch,), width + i, jnp.int32), cache)
+        return model.unembed(hidden), cache
 
-    first = jnp.repeat(logits[:, -1:], group, axis=0)
+    first = jnp.repeat(model.unembed(hidden[:, -1:]), group, axis=0)
     logits, _ = jax.lax.fori_loop(0, max_new_tokens - 1, step, (first, cache))
     return logits
 

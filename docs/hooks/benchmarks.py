@@ -269,6 +269,21 @@ def models_table(name: str = "models") -> str:
     return markdown_table(header, rows)
 
 
+def models_steps_table() -> str:
+    """A decode step's milliseconds beside its float32 matrix products alone."""
+    rows = [
+        [
+            step["dtype"],
+            str(step["batch"]),
+            f"{1e3 * step['step_s']:.2f}",
+            "-" if step["matmuls_s"] is None else f"{1e3 * step['matmuls_s']:.2f}",
+        ]
+        for step in load("models")["steps"]
+    ]
+    header = ["weights", "batch", "decode step ms", "its matmuls alone"]
+    return markdown_table(header, rows)
+
+
 def flops_table() -> str:
     """The update and its parts: XLA's FLOPs, median ms, FLOP/s and share of the matmul peak."""
     results = load("flops")
@@ -627,6 +642,8 @@ def expand(match: re.Match) -> str:
         return trl_smollm2_curve_table(table)
     if table in ("models", "models_default"):
         return models_table(table)
+    if table == "models_steps":
+        return models_steps_table()
     if table == "flops":
         return flops_table()
     if table == "processes":

@@ -109,7 +109,7 @@ def _shared_and_stepped(graphdef, params, tokens):
     at = jnp.broadcast_to(jnp.arange(6, 17), (2, 11))
     middle, cache = policy.extend(tokens[:, 6:17], at, cache)
     last, _ = policy.decode(tokens[:, 17:18], jnp.full((2,), 17), cache)
-    stepped = jnp.concatenate([first, middle, last], axis=1)
+    stepped = policy.unembed(jnp.concatenate([first, middle, last], axis=1))
     return full, shared, stepped, policy.unembed(full[:, :18])
 
 

@@ -67,7 +67,7 @@ def test_prefill_then_decode_matches_the_full_pass(kv_heads):
     for t in range(4, tokens.shape[1]):
         logits, cache = decode(model, tokens[:, t : t + 1], jnp.full((3,), t), cache)
         steps.append(logits)
-    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+    np.testing.assert_allclose(model.unembed(jnp.concatenate(steps, axis=1)), full, atol=1e-5)
 
 
 def test_decode_at_per_row_positions_ignores_prompt_padding():
@@ -77,7 +77,8 @@ def test_decode_at_per_row_positions_ignores_prompt_padding():
     padded = jnp.where(jnp.arange(5)[None] < lengths[:, None], tokens[:, :5], 0)
     _, cache = model.prefill(padded, model.init_cache(3, 9))
     rows = jnp.arange(3)
-    logits, _ = model.decode(tokens[rows, lengths][:, None], lengths, cache)
+    hidden, _ = model.decode(tokens[rows, lengths][:, None], lengths, cache)
+    logits = model.unembed(hidden)
     for row, length in enumerate(lengths.tolist()):
         alone = model(tokens[row : row + 1, : length + 1])[0, -1]
         np.testing.assert_allclose(logits[row, 0], alone, atol=1e-5)
@@ -96,8 +97,8 @@ def test_a_decode_loop_writes_the_cache_in_place(batch):
 
         def step(i, carry):
             tokens, cache = carry
-            logits, cache = model.decode(tokens, jnp.full((batch,), 8) + i, cache)
-            return logits[:, :, :].argmax(-1).astype(jnp.int32), cache
+            hidden, cache = model.decode(tokens, jnp.full((batch,), 8) + i, cache)
+            return model.unembed(hidden).argmax(-1).astype(jnp.int32), cache
 
         return jax.lax.fori_loop(0, 4, step, (jnp.ones((batch, 1), jnp.int32), cache))
 

@@ -33,11 +33,11 @@ def test_extend_writes_several_tokens_as_decode_writes_them_one_by_one(model):
     def passes(params):
         model = nnx.merge(graphdef, params)
         _, cache = model.prefill(tokens[:, :2], model.init_cache(2, 8))
-        logits, extended = model.extend(tokens[:, 2:], positions, cache)
+        hidden, extended = model.extend(tokens[:, 2:], positions, cache)
         stepped = cache
         for t in range(2, 4):
             _, stepped = model.decode(tokens[:, t : t + 1], jnp.array([t, t]), stepped)
-        return model(tokens), logits, extended, stepped, cache
+        return model(tokens), model.unembed(hidden), extended, stepped, cache
 
     full, logits, extended, stepped, cache = passes(params)
     np.testing.assert_allclose(logits[0], full[0, 2:], atol=1e-5)

@@ -3,11 +3,14 @@
 import dataclasses
 import functools
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
 
 from dew._traces import TRACES
 from dew.models.llama import build
@@ -16,6 +19,7 @@ from dew.models.registry import SIZES
 from dew.rollout.generate import _pad_prompts
 from dew.sampling import (
     _choose,
+    _first_max,
     _row_keys,
     _sample_state,
     _sampling_log_probs,
@@ -111,6 +115,29 @@ def test_tokens_are_drawn_as_often_as_their_probability_and_never_without_one():
     np.testing.assert_allclose(frequencies, probs, atol=4 * np.sqrt(0.25 / rows))
     assert frequencies[probs == 0].sum() == 0
     np.testing.assert_allclose(np.exp(logp), probs[np.asarray(tokens)], rtol=1e-6)
+
+
+# Few distinct values, so rows hold ties; NaN and both infinities too.
+_ENTRIES = st.sampled_from([0.0, 1.0, -1.0, 2.5, np.inf, -np.inf, np.nan])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=9), elements=_ENTRIES)
+)
+def test_the_first_max_is_argmaxs_answer_ties_nan_and_infinities_included(x):
+    assert _first_max(jnp.asarray(x)).tolist() == np.asarray(jnp.argmax(x, axis=-1)).tolist()
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.5])
+def test_a_drawn_token_is_the_one_jax_categorical_draws_with_the_rows_key(top_p):
+    logits = 3.0 * jax.random.normal(jax.random.key(0), (64, 50))
+    keys = _row_keys(jax.random.key(1), jnp.arange(64))
+    tokens, _ = jax.jit(_choose, static_argnums=(2, 3))(logits, keys, 0.7, top_p)
+    expected = jax.vmap(jax.random.categorical)(keys, _sampling_log_probs(logits, 0.7, top_p))
+    np.testing.assert_array_equal(tokens, expected)
+    greedy, _ = _choose(logits, keys, 0.0, 1.0)
+    np.testing.assert_array_equal(greedy, jnp.argmax(logits, axis=-1))
 
 
 def test_no_kv_cache_draws_the_same_tokens(eos_prone_model):

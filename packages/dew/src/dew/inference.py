@@ -557,8 +557,8 @@ def _observation_messages(observation: str | list[dict]) -> list[dict]:
 def _chat_prefill(graphdef: nnx.GraphDef, params, tokens: jax.Array, last: jax.Array, slots: int):
     """The logits `[V]` after a chat prompt (its last position `last`) and the filled cache."""
     model = nnx.merge(graphdef, params)
-    logits, cache = model.prefill(tokens, model.init_cache(1, slots))
-    return logits[0, last], cache
+    hidden, cache = model.prefill(tokens, model.init_cache(1, slots))
+    return model.unembed(hidden[0, last]), cache
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
@@ -566,5 +566,5 @@ def _chat_decode(graphdef: nnx.GraphDef, params, token: jax.Array, position: jax
     """The logits `[V]` after `token` at `position`, and the cache with it written."""
     model = nnx.merge(graphdef, params)
     tokens, positions = jnp.reshape(token, (1, 1)), jnp.reshape(position, (1,))
-    logits, cache = model.decode(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache)
-    return logits[0, 0], cache
+    hidden, cache = model.decode(tokens.astype(jnp.int32), positions.astype(jnp.int32), cache)
+    return model.unembed(hidden[0, 0]), cache

@@ -24,9 +24,12 @@ class CausalLM(Protocol):
     """A decoder-only language model, as the sampler, the update and the checkpoints use it.
 
     A KV cache is an explicit pytree, passed in and returned, so the sampler's loop is a pure
-    function under `jit`. Position `t` of a row lives in cache slot `t`. Logits are float32 and
-    carry whatever the family applies to them (Gemma 2's soft-capping), wherever they are
-    computed: `__call__`, `unembed` and the cached calls all go through `unembed`.
+    function under `jit`. Position `t` of a row lives in cache slot `t`. The cached calls
+    (`extend`, `prefill`, `decode`) return final hidden states, as `hidden` does, and their caller
+    unembeds the positions it reads: a sampler draws from a prompt's last position alone, so the
+    other positions' `[B, P, V]` logits are never made. Logits are float32 and carry whatever the
+    family applies to them (Gemma 2's soft-capping): `__call__` and every caller go through
+    `unembed`.
 
     Examples:
       >>> from dew.models.llama import build
@@ -80,7 +83,8 @@ class CausalLM(Protocol):
         ...
 
     def extend(self, tokens: jax.Array, positions: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
-        """Logits `[B, S, V]` of tokens `[B, S]` at `positions` `[B, S]`; the cache holding them.
+        """Final hidden states `[B, S, H]` of tokens `[B, S]` at `positions` `[B, S]`; the cache
+        holding them.
 
         Each token attends to the cache's slots up to its own position (those written by this
         call included), within the layer's sliding window where it has one.
@@ -92,5 +96,5 @@ class CausalLM(Protocol):
         ...
 
     def decode(self, tokens: jax.Array, positions: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
-        """`extend` of one token `[B, 1]` per row at `positions` `[B]`: logits `[B, 1, V]`."""
+        """`extend` of one token `[B, 1]` per row at `positions` `[B]`: states `[B, 1, H]`."""
         ...

@@ -680,7 +680,8 @@ class Policy(nnx.Module):
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
 
     def prefill(self, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
-        """Logits `[B, P, V]` of prompts `[B, P]` at positions `0 .. P - 1`; the filled cache.
+        """Final hidden states `[B, P, H]` of prompts `[B, P]` at positions `0 .. P - 1`; the
+        filled cache.
 
         One forward pass. A right-padded row's padding fills slots past its prompt; `decode`
         overwrites them one by one and never attends past its own position.
@@ -695,7 +696,8 @@ class Policy(nnx.Module):
     def decode(
         self, tokens: jax.Array, positions: jax.Array, cache: Cache
     ) -> tuple[jax.Array, Cache]:
-        """Logits `[B, 1, V]` of one new token `[B, 1]` per row at `positions` `[B]`; the cache."""
+        """Final hidden states `[B, 1, H]` of one new token `[B, 1]` per row at `positions` `[B]`;
+        the cache."""
         check_tokens(tokens, "tokens")
         if tokens.shape[1] != 1 or positions.shape != tokens.shape[:1]:
             raise ValueError(
@@ -707,13 +709,14 @@ class Policy(nnx.Module):
     def extend(
         self, tokens: jax.Array, positions: jax.Array, cache: Cache
     ) -> tuple[jax.Array, Cache]:
-        """Logits `[B, S, V]` of new tokens `[B, S]` at `positions` `[B, S]`; the cache.
+        """Final hidden states `[B, S, H]` of new tokens `[B, S]` at `positions` `[B, S]`; the
+        cache.
 
         Each token is written to its position's slot and attends to the slots up to its own,
         those filled before and this call's earlier tokens, in one pass: `decode` is the `S = 1`
         case. A position at or past the cache's last slot is written nowhere (JAX drops
         out-of-bounds updates), so a row with fewer real tokens pads its positions with the
-        cache's length; the logits there mean nothing.
+        cache's length; the states there mean nothing.
         """
         check_tokens(tokens, "tokens")
         if tokens.ndim != 2 or positions.shape != tokens.shape:
@@ -724,7 +727,8 @@ class Policy(nnx.Module):
         return self._cached(tokens, positions, cache)
 
     def _cached(self, tokens, positions, cache):
-        """Logits of `tokens` at `positions` `[B, S]`, attending to the cache's earlier slots."""
+        """Final hidden states of `tokens` at `positions` `[B, S]`, attending to the cache's
+        earlier slots."""
         slots = jnp.arange(cache[0][0].shape[2])
         mask = slots[None, None, :] <= positions[:, :, None]
         masks = _windowed(mask, positions, slots, self._windows())
@@ -733,7 +737,7 @@ class Policy(nnx.Module):
         for layer, layer_cache in zip(self.layers, cache, strict=True):
             x, layer_cache = layer(x, positions, masks[layer.window], layer_cache)
             new_cache.append(layer_cache)
-        return self.unembed(self.norm(x)), tuple(new_cache)
+        return self.norm(x), tuple(new_cache)
 
 
 def _through_layers(layers, through, carry: tuple, remat: bool) -> tuple:
