@@ -264,7 +264,10 @@ def main() -> None:
     )
     parser.add_argument("--results", type=Path, help="learning: the file to write")
     parser.add_argument(
-        "--lr", type=float, default=TrainConfig().lr, help="learning: the runs' learning rate"
+        "--lr",
+        type=float,
+        default=TrainConfig().optimizer.lr,
+        help="learning: the runs' learning rate",
     )
     args = parser.parse_args()
     load_before = os.getloadavg()
