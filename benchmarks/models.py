@@ -21,8 +21,7 @@ In one run, side by side:
   shared by its prompt's tokens);
 - decode tokens/s (the sampler's loop, `--new` tokens per row after the prefill, drawn at
   `--temperature`) against its roofline: each step reads every weight once, so at batch B a step
-  cannot beat `weight bytes / copy bandwidth`, nor `B x FLOPs per token / FLOP/s`.
-
+  cannot beat `weight bytes / copy bandwidth`, nor `B x FLOPs per token / FLOP/s`;
 - what a decode step is made of: its time (decode's seconds over `--new`) beside its float32
   matrix products alone (each layer's projections and the logits, chained from a random input: no
   attention, cache or draw).
@@ -209,10 +208,8 @@ def main() -> None:
         timed = measure(policy, batch, args.prompt, args.new, args.repeats, dtype, args.temperature)
         read = sum(p.size * jnp.dtype(dtype).itemsize for p in params)
         # A prefill unembeds each row's last position alone, as the sampler's does.
-        unembedding = 2.0 * config.hidden_size * config.vocab_size
-        prefill_flops = flops_per_token(config, args.prompt / 2, logits=False) + (
-            unembedding / args.prompt
-        )
+        logits_flops = 2.0 * config.hidden_size * config.vocab_size / args.prompt
+        prefill_flops = flops_per_token(config, args.prompt / 2, logits=False) + logits_flops
         decode_flops = flops_per_token(config, args.prompt + args.new / 2)
         step_floor = max(
             read / peaks["copy_bytes_per_s"],
