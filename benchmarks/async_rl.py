@@ -13,11 +13,12 @@ taken in turn. `--task add --staleness 0,1,2,4` trains the digit addition task i
 corrected runs of those K alone) and writes `async_learning_add.json`; `--steps S` other than
 250 writes `async_learning_S.json` (`async_learning_add_S.json`). `--staleness` runs the K
 given, each with every `--importance` kind given (`token`, the default, `sequence`, `token_mask`,
-`sequence_mask`, or `none` for no correction; K = 0, where nothing is stale, with the first
-alone); `--lr` sets the runs' learning rate (the default's, 1e-3, unless given); `--results`
-names the file instead. It records each run's reward curve, the mean reward
-of its last 20 steps, its greedy held-out reward and the first step whose reward reaches 0.9,
-and writes `benchmarks/results/async_learning.json`.
+`sequence_mask`, `none` for no weight, or `coupled`: no weight and the ratio against the
+sampler's log-probs, `CoupledGRPO`; K = 0, where nothing is stale, with the first alone, and
+`coupled` there too as its own control); `--lr` sets the runs' learning rate (the default's,
+1e-3, unless given); `--results` names the file instead. It records each run's reward curve, the
+mean reward of its last 20 steps, its greedy held-out reward and the first step whose reward
+reaches 0.9, and writes `benchmarks/results/async_learning.json`.
 
 `throughput` runs three jobs where overlap can pay, each with K = 0 and K > 0 in turn (R times,
 medians kept), and reports steady steps/s (wall time from the end of step 2 to the last) and
@@ -41,6 +42,7 @@ writes `benchmarks/results/async_apart.json`.
 """
 
 import argparse
+import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -56,7 +58,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dew.batch import Batch
+from dew.models.outputs import PolicyOutputs
 from dew.objective import load_objective
+from dew.objectives.rl import GRPO
 from dew.options import ConfigError
 from dew.rollout.episode import EpisodeLimits, Episodes
 from dew.tasks.guess import NumberGuess
@@ -73,6 +78,30 @@ LEARNING = [
 """(K, `--importance` kind of the correction, None for none) of each `learning` run."""
 
 
+COUPLED = "coupled"
+"""`learning`'s kind for GRPO with its ratio against the sampler's log-probs (`CoupledGRPO`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CoupledGRPO(GRPO):
+    """GRPO whose ratio is the policy's over the sampler's log-probs: the coupled loss.
+
+    PPO's clipped ratio taken against the policy that sampled (`behavior_log_probs`), not the
+    learner's before the update (`old_log_probs`): the stale rows trained as if fresh, one ratio
+    serving as both the importance weight and the trust region. AReaL (arXiv:2505.24298) sets
+    this coupled loss beside its decoupled one, which Dew's loss is; with no staleness the two
+    are the same policy's log-probs.
+    """
+
+    def loss(self, outputs: PolicyOutputs, batch: Batch):
+        return super().loss(outputs, batch.replace(old_log_probs=batch.behavior_log_probs))
+
+
+def _objective(correction: str | None) -> GRPO | None:
+    """The objective instance `correction` trains with, or None for the config's own."""
+    return CoupledGRPO() if correction == COUPLED else None
+
+
 def _machine() -> dict:
     return {
         "platform": platform.platform(),
@@ -84,7 +113,8 @@ def _machine() -> dict:
 
 
 def _config(staleness: int, correction: str | None, **options) -> TrainConfig:
-    objective = {} if correction is None else {"tis_cap": 2.0, "importance": correction}
+    weighted = correction not in (None, COUPLED)
+    objective = {"tis_cap": 2.0, "importance": correction} if weighted else {}
     config = TrainConfig(objective_options=objective)
     return config.replace(max_staleness=staleness, checkpoint_every=10_000, **options)
 
@@ -99,7 +129,7 @@ def learning(
             with tempfile.TemporaryDirectory() as out:
                 options = {"steps": steps, "seed": seed, "task": task, "out": out, "lr": lr}
                 config = _config(staleness, correction, **options)
-                result = train(config, quiet=True)
+                result = train(config, objective=_objective(correction), quiet=True)
             curve = [row["reward"] for row in result.history]
             reached = [row["step"] for row in result.history if row["reward"] >= 0.9]
             runs.append(
@@ -161,7 +191,7 @@ def _slow_environment(
 ) -> dict[str, float]:
     """The guessing game's run with `environment`; its rows apart as `--max-staleness` sets
     them (K > 0) unless `rows_apart` says."""
-    config = _config(staleness, True, task="guess", environment="dew.tasks.guess:NumberGuess")
+    config = _config(staleness, "token", task="guess", environment="dew.tasks.guess:NumberGuess")
     config = config.replace(steps=steps, prompts=16, group=8, max_turns=4, out=out)
     config = config.replace(max_episode_tokens=16)
     limits = EpisodeLimits(max_turns=4, max_episode_tokens=16)
@@ -175,7 +205,7 @@ def _slow_environment(
 
 
 def _long_tail(staleness: int, steps: int, out: str) -> dict[str, float]:
-    config = _config(staleness, True, steps=steps, max_new_tokens=96, out=out)
+    config = _config(staleness, "token", steps=steps, max_new_tokens=96, out=out)
     return _steady(Trainer(config, quiet=True).run(), 32 * 8)
 
 
@@ -185,7 +215,7 @@ sys.path.insert(0, sys.argv[1])
 from async_rl import _config, _steady
 from dew.train.trainer import Trainer
 staleness, apart, steps, out = map(str, sys.argv[2:6])
-config = _config(int(staleness), True, steps=int(steps), rollout_devices=int(apart), out=out)
+config = _config(int(staleness), "token", steps=int(steps), rollout_devices=int(apart), out=out)
 print(json.dumps(_steady(Trainer(config, quiet=True).run(), 32 * 8)))
 """
 
@@ -280,12 +310,19 @@ def main() -> None:
             kinds = [None if kind == "none" else kind for kind in args.importance.split(",")]
             for kind in kinds:  # Dew's own checks of each kind and the rate, before hours of runs
                 config = _config(1, kind, lr=args.lr)
+                objective = _objective(kind)
                 try:
-                    validate(config, load_objective(config.objective, config.objective_options))
+                    objective = objective or load_objective(
+                        config.objective, config.objective_options
+                    )
+                    validate(config, objective)
                 except ConfigError as error:
                     raise SystemExit(f"async_rl.py: {error}") from None
             ks = [int(k) for k in args.staleness.split(",")]
-            settings = [(k, kind) for k in ks for kind in (kinds[:1] if k == 0 else kinds)]
+            # Nothing is stale at K = 0: the weights are 1 and the kinds train alike, but for the
+            # coupled loss, run there too as the control of its own runs.
+            fresh = kinds[:1] + [COUPLED] * (COUPLED in kinds[1:])
+            settings = [(k, kind) for k in ks for kind in (fresh if k == 0 else kinds)]
         result = learning(args.seeds, args.steps or 250, args.task, settings, args.lr)
     else:
         measure = throughput if args.what == "throughput" else apart

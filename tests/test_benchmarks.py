@@ -19,7 +19,11 @@ import numpy as np
 import pytest
 
 import dew.rl as rl
+from dew.batch import Batch
+from dew.models.outputs import PolicyOutputs
+from dew.objective import load_objective
 from dew.tasks.digits import position_credit
+from dew.train.config import validate
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_math.py"
 
@@ -90,3 +94,32 @@ def test_the_training_benchmark_reads_its_figures_off_the_metrics_rows():
     train = _load(SCRIPT.parent / "train.py")
     checked = doctest.testmod(train)
     assert checked.attempted and not checked.failed
+
+
+def test_the_async_benchmark_builds_its_settings_and_couples_the_ratio_to_the_sampler():
+    async_rl = _load(SCRIPT.parent / "async_rl.py")
+    for correction in ("token", None, async_rl.COUPLED):
+        config = async_rl._config(4, correction)
+        objective = async_rl._objective(correction)
+        validate(config, objective or load_objective(config.objective, config.objective_options))
+    mask = jnp.array([[False, True, True]] * 4)
+    behavior = jnp.array(
+        [[0.0, -1.0, -0.5], [0.0, -2.0, -0.1], [0.0, -0.3, -0.9], [0.0, -1.2, -0.4]]
+    )
+    batch = Batch(
+        tokens=jnp.ones((4, 3), jnp.int32),
+        prompt_mask=~mask,
+        completion_mask=mask,
+        behavior_log_probs=jnp.where(mask, behavior, 0.0),
+        rewards=jnp.array([1.0, 0.0, 0.5, 0.0]),
+        group=2,
+        old_log_probs=jnp.where(mask, behavior + 0.4, 0.0),
+        ref_log_probs=jnp.where(mask, behavior - 0.1, 0.0),
+    )
+    outputs = PolicyOutputs(jnp.where(mask, behavior + 0.3, 0.0))
+    grpo = load_objective("grpo")
+    batch = grpo.prepare(batch)
+    coupled = async_rl.CoupledGRPO().loss(outputs, batch)[0]
+    against_sampler = grpo.loss(outputs, batch.replace(old_log_probs=batch.behavior_log_probs))[0]
+    assert float(coupled) == float(against_sampler)
+    assert abs(float(coupled) - float(grpo.loss(outputs, batch)[0])) > 1e-3

@@ -11,7 +11,7 @@ A page writes `<!-- bench: machine -->`, `<!-- bench: rl_math BxT -->`, `<!-- be
 `<!-- bench: train_overlap -->`, `<!-- bench: train_preload -->`, `<!-- bench: guess -->`,
 `<!-- bench: episodes -->`, `<!-- bench: episodes_guess -->`, `<!-- bench: models_default -->`,
 `<!-- bench: flops -->`, `<!-- bench: async_learning -->` (and `_add`, `_500`, `_500_sequence`,
-`_far`, `_1000`, `_lr3e-3`),
+`_far`, `_1000`, `_lr3e-3`, `_coupled`, `_add_coupled`),
 `<!-- bench: async_throughput -->`, `<!-- bench: async_apart -->`,
 `<!-- bench: smollm2_learning -->`, `<!-- bench: smollm2_learning_k2 -->` (and `_k1`, `_k4`,
 `_k4_uncorrected`), `<!-- bench: smollm2_staleness -->`, `<!-- bench: trl_smollm2 -->`,
@@ -572,6 +572,7 @@ CORRECTIONS = {
     "token_mask": "token mask, [1/2, 2]",
     "sequence_mask": "sequence mask, [1/2, 2]",
     None: "none",
+    "coupled": "none, ratio against the sampler (coupled)",
 }
 """The table's words for `async_rl.py learning`'s correction (its `--importance` kind, or None)."""
 
