@@ -94,6 +94,7 @@ class CoupledGRPO(GRPO):
     """
 
     def loss(self, outputs: PolicyOutputs, batch: Batch):
+        """GRPO's loss and metrics with the sampler's log-probs as the old ones."""
         return super().loss(outputs, batch.replace(old_log_probs=batch.behavior_log_probs))
 
 
@@ -310,17 +311,14 @@ def main() -> None:
             kinds = [None if kind == "none" else kind for kind in args.importance.split(",")]
             for kind in kinds:  # Dew's own checks of each kind and the rate, before hours of runs
                 config = _config(1, kind, lr=args.lr)
-                objective = _objective(kind)
                 try:
-                    objective = objective or load_objective(
-                        config.objective, config.objective_options
-                    )
-                    validate(config, objective)
+                    options = config.objective, config.objective_options
+                    validate(config, _objective(kind) or load_objective(*options))
                 except ConfigError as error:
                     raise SystemExit(f"async_rl.py: {error}") from None
             ks = [int(k) for k in args.staleness.split(",")]
-            # Nothing is stale at K = 0: the weights are 1 and the kinds train alike, but for the
-            # coupled loss, run there too as the control of its own runs.
+            # Nothing is stale at K = 0, so the kinds train alike there; the coupled loss runs
+            # there too, as the control of its own runs.
             fresh = kinds[:1] + [COUPLED] * (COUPLED in kinds[1:])
             settings = [(k, kind) for k in ks for kind in (fresh if k == 0 else kinds)]
         result = learning(args.seeds, args.steps or 250, args.task, settings, args.lr)
