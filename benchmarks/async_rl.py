@@ -60,7 +60,7 @@ import numpy as np
 
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
-from dew.objective import load_objective
+from dew.objective import Objective, load_objective
 from dew.objectives.rl import GRPO
 from dew.options import ConfigError
 from dew.rollout.episode import EpisodeLimits, Episodes
@@ -98,9 +98,11 @@ class CoupledGRPO(GRPO):
         return super().loss(outputs, batch.replace(old_log_probs=batch.behavior_log_probs))
 
 
-def _objective(correction: str | None) -> GRPO | None:
-    """The objective instance `correction` trains with, or None for the config's own."""
-    return CoupledGRPO() if correction == COUPLED else None
+def _objective(correction: str | None, config: TrainConfig) -> Objective:
+    """The objective a run of `correction` trains with: `CoupledGRPO`, or `config`'s by name."""
+    if correction == COUPLED:
+        return CoupledGRPO()
+    return load_objective(config.objective, config.objective_options)
 
 
 def _machine() -> dict:
@@ -130,7 +132,7 @@ def learning(
             with tempfile.TemporaryDirectory() as out:
                 options = {"steps": steps, "seed": seed, "task": task, "out": out, "lr": lr}
                 config = _config(staleness, correction, **options)
-                result = train(config, objective=_objective(correction), quiet=True)
+                result = train(config, objective=_objective(correction, config), quiet=True)
             curve = [row["reward"] for row in result.history]
             reached = [row["step"] for row in result.history if row["reward"] >= 0.9]
             runs.append(
@@ -312,8 +314,7 @@ def main() -> None:
             for kind in kinds:  # Dew's own checks of each kind and the rate, before hours of runs
                 config = _config(1, kind, lr=args.lr)
                 try:
-                    options = config.objective, config.objective_options
-                    validate(config, _objective(kind) or load_objective(*options))
+                    validate(config, _objective(kind, config))
                 except ConfigError as error:
                     raise SystemExit(f"async_rl.py: {error}") from None
             ks = [int(k) for k in args.staleness.split(",")]

@@ -100,8 +100,7 @@ def test_the_async_benchmark_builds_its_settings_and_couples_the_ratio_to_the_sa
     async_rl = _load(SCRIPT.parent / "async_rl.py")
     for correction in ("token", None, async_rl.COUPLED):
         config = async_rl._config(4, correction)
-        objective = async_rl._objective(correction)
-        validate(config, objective or load_objective(config.objective, config.objective_options))
+        validate(config, async_rl._objective(correction, config))
     mask = jnp.array([[False, True, True]] * 4)
     behavior = jnp.array(
         [[0.0, -1.0, -0.5], [0.0, -2.0, -0.1], [0.0, -0.3, -0.9], [0.0, -1.2, -0.4]]
