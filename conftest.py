@@ -10,11 +10,10 @@ The tests' programs are tiny, so compiling them costs far more than running them
   it cut the CPU time by a quarter. The tests' tolerances were set at this level (at the
   default level four LoRA tests of the model families differed beyond theirs).
 
-And a worker that crashes does not lose the run: XLA:CPU (jaxlib 0.10) segfaults now and then,
-or aborts, inside its compiler or its serializer, at a random test (once in most suite runs,
-late in a worker's thousands of programs; never the same test twice). The test it crashed in
-runs again, once, on the worker that replaces it, and is reported as rerun; a second crash fails
-it.
+And nothing is hidden: a worker that crashes fails its test and the run (`--max-worker-restart
+0`: the other worker takes the crashed one's files). Each worker's peak count of memory mappings
+is printed at the end (`dew.programs`): XLA:CPU aborts or segfaults when a process reaches Linux's
+cap (`vm.max_map_count`), which a suite that kept every program it compiled used to reach.
 """
 
 import os
@@ -23,7 +22,8 @@ import tempfile
 
 import numpy as np
 import pytest
-from xdist.scheduler import LoadFileScheduling
+
+from dew import programs
 
 _CACHE = "JAX_COMPILATION_CACHE_DIR"
 
@@ -41,53 +41,49 @@ def pytest_configure(config):
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
 
 
-class CrashTolerantLoadFile(LoadFileScheduling):
-    """`--dist loadfile` that does not hang after a crash, as pytest-xdist 3.8's does.
+class _PeakMappings:
+    """The most memory mappings this process held, read as each test file ends (50 ms a read)."""
 
-    A worker runs a test only once it has been sent the next one or told to shut down. After a
-    crash xdist handed the worker that replaced the dead one a single file (one of the dead
-    worker's, queued again: finished, or holding the one test it crashed in) and handed it more
-    only when a test ended; none did, and the run waited for ever. Here a worker is handed files
-    until it holds two tests, and told to shut down once none are left.
-    """
+    def __init__(self):
+        self.peak, self.where = 0, ""
 
-    def _reschedule(self, node):
-        super()._reschedule(node)
-        held = self.assigned_work[node]
-        while self.workqueue and not node.shutting_down and self._pending_of(held) < 2:
-            self._assign_work_unit(node)
-        if not self.workqueue and not node.shutting_down:
-            node.shutdown()
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        if nextitem is not None and nextitem.path == item.path:
+            return
+        count = programs.mappings() or 0
+        if count > self.peak:
+            self.peak, self.where = count, item.nodeid.split("::")[0]
+
+
+def pytest_sessionstart(session):
+    session.config.dew_peak = _PeakMappings()
+    session.config.pluginmanager.register(session.config.dew_peak, "dew-peak-mappings")
+
+
+def pytest_sessionfinish(session):
+    peak = session.config.dew_peak
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["dew_peak"] = (peak.peak, peak.where)
+
+
+_worker_peaks: dict[str, tuple[int, str]] = {}
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hooks: `-p no:xdist` runs without them
-def pytest_xdist_make_scheduler(config, log):
-    if config.getoption("dist") == "loadfile":
-        return CrashTolerantLoadFile(config, log)
-    return None
+def pytest_testnodedown(node, error):
+    if "dew_peak" in getattr(node, "workeroutput", {}):
+        _worker_peaks[node.gateway.id] = node.workeroutput["dew_peak"]
 
 
-_crashed: set[str] = set()
-"""The tests a worker crashed in, each run once more (the scheduler queues it again)."""
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem, report, sched):
-    if not isinstance(sched, CrashTolerantLoadFile) or crashitem in _crashed:
-        return  # not queued again, or crashed twice: a failure
-    _crashed.add(crashitem)
-    report.outcome = "rerun"
-
-
-def pytest_report_teststatus(report):
-    if report.outcome == "rerun":
-        return "rerun", "R", "RERUN"
-    return None
-
-
-def pytest_terminal_summary(terminalreporter):
-    for report in terminalreporter.stats.get("rerun", []):
-        terminalreporter.write_line(f"RERUN {report.nodeid}: {report.longrepr}")
+def pytest_terminal_summary(terminalreporter, config):
+    own = config.dew_peak
+    peaks = _worker_peaks or ({"this process": (own.peak, own.where)} if own.peak else {})
+    limit = programs.map_limit()
+    for name, (peak, where) in sorted(peaks.items()):
+        terminalreporter.write_line(
+            f"{name}: peak {peak:,} memory mappings of {limit or 'no'} cap, after {where}"
+        )
 
 
 def pytest_unconfigure(config):

@@ -1,6 +1,9 @@
 """Test-only objectives and helpers for the core tests."""
 
 import dataclasses
+import json
+import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -46,3 +49,25 @@ class Reinforce:
 @pytest.fixture
 def reinforce() -> Reinforce:
     return Reinforce()
+
+
+# ChatML whose assistant turns are `{% generation %}` blocks, as users write them for TRL's
+# `assistant_only_loss`.
+MARKED_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture
+def marked_chat_folder(tmp_path) -> Path:
+    """The `qwen2-chat` fixture with `MARKED_TEMPLATE` as its chat template."""
+    folder = tmp_path / "marked-chat"
+    shutil.copytree(Path(__file__).parent / "hf" / "qwen2-chat", folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings["chat_template"] = MARKED_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    return folder

@@ -1,6 +1,8 @@
 """`dew chat`: answers streamed as they are decoded, and a conversation read from stdin."""
 
 import io
+import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -10,7 +12,7 @@ import numpy as np
 from dew import cli, inference
 from dew.hf import load_policy, load_tokenizer
 from dew.sampling import sample
-from dew.tokenizers import _end_of_turn_id
+from dew.tokenizers import end_of_turn_id
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
 
@@ -26,7 +28,7 @@ def test_the_streamed_answer_is_the_samplers():
             )
         )
         prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True))
-        end = _end_of_turn_id(tokenizer)
+        end = end_of_turn_id(tokenizer)
         out = sample(
             policy,
             jnp.asarray([prompt]),
@@ -38,8 +40,49 @@ def test_the_streamed_answer_is_the_samplers():
             pad_id=tokenizer.pad_token_id,
         )
         ids = np.asarray(out.tokens[0])[np.asarray(out.completion_mask[0])].tolist()
-        assert "".join(pieces) == tokenizer.decode([i for i in ids if i != end])
+        answer = [i for i in ids if i != end]
+        assert "".join(pieces) == tokenizer.decode(answer, skip_special_tokens=True)
         assert len(pieces) > 1  # shown token by token, not at the end
+
+
+def test_a_reply_has_one_bos_before_it_and_no_special_token_in_it(tmp_path, monkeypatch):
+    # A Gemma-like folder: the tokenizer adds a BOS in front and the template writes one too.
+    folder = tmp_path / "bos-chat"
+    shutil.copytree(CHAT, folder)
+    vocabulary = json.loads((folder / "tokenizer.json").read_text())
+    vocabulary["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
+        },
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(vocabulary))
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings |= {
+        "bos_token": "<|endoftext|>",
+        "chat_template": "{{ bos_token }}" + settings["chat_template"],
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    tokenizer = load_tokenizer(folder)
+    policy = load_policy(folder)
+    policy.norm.weight.set_value(jnp.zeros_like(policy.norm.weight.get_value()))  # logits all 0
+    prompts = []
+    real = inference._chat_prefill
+
+    def spy(graphdef, params, tokens, last, slots):
+        prompts.append(np.asarray(tokens[0, : int(last) + 1]).tolist())
+        return real(graphdef, params, tokens, last, slots)
+
+    monkeypatch.setattr(inference, "_chat_prefill", spy)
+    messages = [{"role": "user", "content": "hi"}]
+    pieces = inference.chat_reply(policy, tokenizer, messages, jax.random.key(0), max_new_tokens=3)
+    assert "".join(pieces) == ""  # the argmax of equal logits, id 0, is <|endoftext|>: special
+    assert prompts[0][:2] == [0, 1]  # one BOS, then <|im_start|>
 
 
 def test_chat_reads_turns_until_exit_keeping_the_conversation(monkeypatch, capsys):
@@ -145,6 +188,21 @@ def test_chat_shows_the_tools_to_a_template_that_drops_them(monkeypatch, capsys,
     ((messages, _),) = seen
     assert [m["role"] for m in messages] == ["system", "user"]
     assert '"name": "add"' in messages[0]["content"] and "<tool_call>" in messages[0]["content"]
+
+
+def test_chat_puts_the_system_prompt_first_with_or_without_tools(monkeypatch, capsys, tmp_path):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    seen = _scripted(monkeypatch, ["7", "7"])
+    system = ["--system-prompt", "Answer with a number."]
+    assert cli.main(["chat", "--model", str(CHAT), *system, "3 + 4?"]) == 0
+    assert cli.main(["chat", "--model", str(CHAT), *system, "--tool", "chat_tools:add", "?"]) == 0
+    (plain, _), (tooled, _) = seen
+    assert plain == [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "3 + 4?"},
+    ]
+    assert tooled[0]["content"].startswith("Answer with a number.\n\n")  # then the tools
 
 
 def test_chat_with_a_failing_call_tells_the_model_and_goes_on(monkeypatch, capsys, tmp_path):

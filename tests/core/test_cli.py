@@ -27,10 +27,10 @@ class Knobs(SFT):
 
 @pytest.fixture
 def knobs(monkeypatch):
-    real = cli._objective_class
+    real = cli.objective_class
     monkeypatch.setattr(cli, "available_objectives", lambda: {"knobs": None, "sft": None})
     monkeypatch.setattr(
-        cli, "_objective_class", lambda name: Knobs if name == "knobs" else real(name)
+        cli, "objective_class", lambda name: Knobs if name == "knobs" else real(name)
     )
     return Knobs
 
@@ -223,11 +223,11 @@ def test_starting_a_run_imports_no_plotting_checkpointing_or_templating():
 
 
 def test_every_config_option_is_a_flag_with_its_help(capsys):
-    from dew.train.config import _SECTIONS, TrainConfig
+    from dew.train.config import SECTIONS, TrainConfig
 
     parser = cli._train_parser(None, TrainConfig())
     flags = {flag for action in parser._actions for flag in action.option_strings}
-    for cls in _SECTIONS.values():
+    for cls in SECTIONS.values():
         for field in dataclasses.fields(cls):
             assert "--" + field.name.replace("_", "-") in flags, field.name
     helps = [action.help for action in parser._actions if action.option_strings]

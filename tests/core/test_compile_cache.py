@@ -1,6 +1,7 @@
 """The compile cache: the `dew` command keeps JAX's programs and Dew's whole, unless told not to."""
 
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -223,14 +224,14 @@ def test_a_preload_loads_the_programs_the_last_run_of_its_context_used(own_cache
         return x**3
 
     x = jnp.arange(3.0)
-    compile_cache._preload("settings")
+    compile_cache.preload_programs("settings")
     assert compile_cache._preloads.names == []  # no run of these settings before
     KeptProgram(jax.jit(cube), "cube", "x^3")(x)
     (kept,) = (own_cache / "dew-programs").iterdir()
 
-    compile_cache._preload("other settings")
+    compile_cache.preload_programs("other settings")
     assert compile_cache._preloads.names == []
-    compile_cache._preload("settings")  # a new process's run of the same settings
+    compile_cache.preload_programs("settings")  # a new process's run of the same settings
     assert compile_cache._preloads.names == [kept.name]
     compile_cache._preloads.thread.join()
     kept.unlink()  # so only the preloaded program can spare the tracing
@@ -241,11 +242,11 @@ def test_a_preload_loads_the_programs_the_last_run_of_its_context_used(own_cache
 
 def test_a_preloaded_program_that_is_gone_or_damaged_is_compiled(own_cache):
     use_compile_cache()
-    compile_cache._preload("settings")
+    compile_cache.preload_programs("settings")
     KeptProgram(jax.jit(jnp.tanh), "tanh", "tanh")(jnp.ones(2))
     (kept,) = (own_cache / "dew-programs").iterdir()
     kept.write_bytes(b"not a program")
-    compile_cache._preload("settings")
+    compile_cache.preload_programs("settings")
     assert compile_cache._preloads.names == [kept.name]
     np.testing.assert_allclose(
         KeptProgram(jax.jit(jnp.tanh), "tanh", "tanh")(jnp.ones(2)), [np.tanh(1.0)] * 2
@@ -255,6 +256,58 @@ def test_a_preloaded_program_that_is_gone_or_damaged_is_compiled(own_cache):
 
 def test_with_the_cache_off_nothing_is_preloaded_or_noted(own_cache):
     use_compile_cache(False)
-    compile_cache._preload("settings")
+    compile_cache.preload_programs("settings")
     assert compile_cache._preloads is None
     assert not own_cache.exists()
+
+
+def test_the_sampler_thread_and_the_learner_compile_and_keep_programs_at_once(own_cache):
+    use_compile_cache()
+    x, errors = jnp.linspace(0.0, 1.0, 7), []
+    start = threading.Barrier(2)
+
+    def compile_and_keep(side: int):
+        try:
+            start.wait()
+            for index in range(8):
+                scale = float(10 * side + index)
+                # A kept program, and beside it one JAX alone compiles, as a run's other calls.
+                kept = KeptProgram(
+                    jax.jit(lambda x, s=scale: jnp.sin(x) * s), f"p{side}-{index}", f"{scale}"
+                )
+                np.testing.assert_allclose(kept(x), np.sin(x) * scale, rtol=1e-6)
+                jax.jit(lambda x, s=scale: jnp.cos(x) + s)(x).block_until_ready()
+        except Exception as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=compile_and_keep, args=(side,)) for side in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir
+    files = sorted((own_cache / "dew-programs").iterdir())
+    assert len(files) == 16
+    for file in files:  # each kept whole: it loads and gives its numbers
+        scale = float(file.name.split("-")[0][1:]) * 10 + float(file.name.split("-")[1])
+        loaded = compile_cache._loaded(file.read_bytes())
+        np.testing.assert_allclose(loaded(x), np.sin(x) * scale, rtol=1e-6)
+
+
+def test_a_program_jax_serves_from_its_own_cache_is_used_but_not_kept(own_cache, monkeypatch):
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    use_compile_cache()
+
+    def ripple(x):
+        return jnp.cos(x) ** 3 + x
+
+    x = jnp.linspace(0.0, 1.0, 5)
+    KeptProgram(jax.jit(ripple), "ripple", "ripple")(x)  # JAX's cache and Dew's both keep it
+    (kept,) = (own_cache / "dew-programs").iterdir()
+    kept.unlink()
+    jax.clear_caches()  # a new process's: JAX's files remain, Dew's is gone
+    for _ in range(2):  # nor is it written when the same executable comes back from memory
+        served = KeptProgram(jax.jit(ripple), "ripple", "ripple")(x)
+        np.testing.assert_allclose(served, np.cos(x) ** 3 + x, rtol=1e-6)
+        assert not kept.exists()

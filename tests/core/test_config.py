@@ -8,7 +8,7 @@ import pytest
 
 from dew.objectives.sft import SFT
 from dew.options import ConfigError, Range
-from dew.train.config import _SECTIONS, TrainConfig, _option_section, validate
+from dew.train.config import SECTIONS, TrainConfig, _option_section, validate
 
 
 def test_options_are_set_by_their_flag_names_in_whichever_section_holds_them():
@@ -21,8 +21,8 @@ def test_options_are_set_by_their_flag_names_in_whichever_section_holds_them():
 
 
 def test_every_option_name_is_unique_across_sections():
-    names = [f.name for cls in _SECTIONS.values() for f in dataclasses.fields(cls)]
-    top = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in _SECTIONS]
+    names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    top = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in SECTIONS]
     assert len(names + top) == len(set(names + top))
     assert all(_option_section(name) is not None for name in names)
 

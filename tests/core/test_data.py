@@ -1,7 +1,9 @@
 """Examples in the shapes users have them: lists of dicts, datasets, DataFrames, saved folders, the
 Hugging Face cache (built here, never downloaded); each column reaches the rewards with its type."""
 
+import re
 import shutil
+import sys
 
 import pytest
 
@@ -12,7 +14,7 @@ from dew.rollout import Prompter
 from dew.tasks import Dataset, load_examples, to_examples
 from dew.tokenizers import DIGITS
 from dew.train import TrainConfig
-from dew.train.config import _resolve_task, _with_data
+from dew.train.config import resolve_task, with_data
 
 datasets = pytest.importorskip("datasets")
 pandas = pytest.importorskip("pandas")
@@ -60,12 +62,12 @@ def test_a_reward_function_gets_the_columns_as_the_dataset_has_them():
 
 def test_train_takes_a_dataframe_a_dataset_or_a_path():
     for data in (pandas.DataFrame(ROWS), datasets.Dataset.from_list(ROWS), ROWS):
-        config, task = _with_data(TrainConfig(), data, None)
+        config, task = with_data(TrainConfig(), data, None)
         assert config.data is None and task.name == "data"
         assert sorted(task.train + task.evaluation, key=lambda r: r["n"]) == ROWS
-    assert _with_data(TrainConfig(), "q.parquet", None) == (TrainConfig(data="q.parquet"), None)
+    assert with_data(TrainConfig(), "q.parquet", None) == (TrainConfig(data="q.parquet"), None)
     with pytest.raises(ConfigError, match="data row 1: no 'prompt'"):
-        _with_data(TrainConfig(), [{"question": "?"}], None)
+        with_data(TrainConfig(), [{"question": "?"}], None)
 
 
 def cache_entry(cache, name: str, rows):
@@ -95,7 +97,7 @@ def test_data_reads_a_saved_folder_and_a_cached_dataset_never_downloading(
     assert load_examples(tmp_path / "saved") == ROWS
     cache_entry(tmp_path / "cache", "me/questions", ROWS)
     assert load_examples("me/questions:train") == ROWS
-    task = _resolve_task(TrainConfig(data="me/questions:train"))
+    task = resolve_task(TrainConfig(data="me/questions:train"))
     assert len(task.train) + len(task.evaluation) == len(ROWS)
     with pytest.raises(ValueError, match="no split 'test'; cached: train"):
         load_examples("me/questions:test")
@@ -109,3 +111,12 @@ def test_data_reads_a_saved_folder_and_a_cached_dataset_never_downloading(
     err = capsys.readouterr().err.strip()
     assert err.startswith("dew: error: --data me/missing:train: not in the local Hugging Face")
     assert len(err.splitlines()) == 1
+
+
+def test_a_cached_dataset_without_the_datasets_library_names_the_command_that_installs_it(
+    monkeypatch,
+):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` fails
+    message = "install the dew extra 'datasets' with `uv sync --extra datasets` in the checkout"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_examples("me/questions:train")

@@ -26,6 +26,7 @@ from dew.rewards import Reward
 from dew.rollout import Prompter
 from dew.rollout.episode import EpisodeLimits, Episodes
 from dew.sampling import extend_state
+from dew.tasks.guess import NumberGuess
 
 TOOL_CHAT = Path(__file__).resolve().parent / "hf" / "tool-chat"
 SCRIPTED_LOG_PROB = -0.5
@@ -226,19 +227,29 @@ def test_parallel_calls_and_every_kind_of_failure_are_answered(policy, tokenizer
     assert second.tool_errors == {"raised": 1, "timeout": 1, "unknown": 1, "malformed": 1}
     assert second.ended == "answer" and second.turns == 2
     assert rolled.metrics["tool_errors/timeout"] == 1.0 and rolled.metrics["tool_calls"] == 3.0
+    assert rolled.metrics["tool_errors/calls"] == 0.0  # every kind, every step: no sparse series
+    assert not any(name.startswith("env_errors/") for name in rolled.metrics)  # no environment
 
 
 def test_calls_past_the_cap_are_refused_and_long_results_cut(policy, tokenizer, monkeypatch):
-    script = [[call("add", a=1, b=1) * 3, "done"], [call("long_text", n=200), "done"]]
+    malformed = "<tool_call>{" + "a long block that is no JSON " * 4 + "</tool_call>"
+    script = [
+        [call("add", a=1, b=1) * 3, "done"], [call("long_text", n=200), "done"],
+        [malformed, "done"],
+    ]  # fmt: skip
     rolled, *_ = play(
         policy, tokenizer, monkeypatch, script, tools=(add, long_text), max_calls=2,
         max_result_tokens=10,
     )  # fmt: skip
-    capped, cut = rolled.episodes
+    capped, cut, quoted = rolled.episodes
     assert capped.tool_calls == 3 and capped.tool_errors == {"calls": 1}
     assert cut.truncated_results == 1
     result = next(m["content"] for m in cut.messages if m["role"] == "tool")
     assert len(tokenizer.encode(result)) <= 10
+    # The error reply quotes the model's block: it is cut at the cap as any result is.
+    reply = next(m["content"] for m in quoted.messages if m["role"] == "tool")
+    assert reply.startswith("Error: not") and len(tokenizer.encode(reply)) <= 10
+    assert quoted.tool_errors == {"malformed": 1} and quoted.truncated_results == 1
 
 
 def test_rows_end_at_different_turns_and_the_caps_end_the_rest(policy, tokenizer, monkeypatch):
@@ -247,10 +258,13 @@ def test_rows_end_at_different_turns_and_the_caps_end_the_rest(policy, tokenizer
     rolled, *_ = play(policy, tokenizer, monkeypatch, script, max_turns=3)
     assert [e.turns for e in rolled.episodes] == [1, 2, 3]
     assert [e.ended for e in rolled.episodes] == ["answer", "answer", "turns"]
+    assert rolled.metrics["episode_caps/turns"] == pytest.approx(1 / 3)  # a share of episodes
     sampled = rolled.completion_mask.sum(1)
     assert sampled[0] < sampled[1] < sampled[2]
     tight, *_ = play(policy, tokenizer, monkeypatch, script, max_episode_tokens=40)
-    assert tight.episodes[2].ended == "tokens" and tight.episodes[0].ended == "answer"
+    assert tight.episodes[2].ended == "episode_tokens" and tight.episodes[0].ended == "answer"
+    ended = [e.ended for e in tight.episodes]
+    assert tight.metrics["episode_caps/episode_tokens"] == ended.count("episode_tokens") / 3
     assert (tight.attention_mask.sum(1) - tight.prompt_mask.sum(1) <= 40).all()
     with pytest.raises(ValueError, match="max_episode_tokens must be at least 1"):
         EpisodeLimits(max_episode_tokens=0)
@@ -287,6 +301,59 @@ def test_the_real_sampler_plays_an_environment(tokenizer):
     np.testing.assert_allclose(batch.behavior_log_probs, recomputed, atol=1e-4)
     context = rolled.attention_mask & ~rolled.completion_mask & ~rolled.prompt_mask
     assert (context.sum(1) > 0).all() and batch.reward_weights == (1.0, 1.0)
+
+
+class _Faulty:
+    """Fails as its prompt says: in `reset`, in `step` (written `step(self, text)`, as if it got
+    the turn's text), with an `observation` no template renders, in `reward`; `fine` plays."""
+
+    def reset(self, prompt, **columns):
+        if prompt == "reset":
+            raise KeyError("secret")
+        self.prompt = prompt
+        return prompt
+
+    def step(self, text):
+        if self.prompt == "step":
+            return text.strip()  # the turn is a message dict
+        return {"content": "not a list"} if self.prompt == "observation" else None
+
+    def reward(self, messages, **kwargs):
+        if self.prompt == "reward":
+            raise ZeroDivisionError("division by zero")
+        return 1.0
+
+
+def test_an_environment_that_fails_ends_that_episode_alone(policy, tokenizer, monkeypatch, capsys):
+    from dew.rollout.episode import EpisodeError
+
+    def draw(prompts):
+        prompter = Prompter(_Task(prompts), tokenizer, max_new_tokens=12)
+        scripted(monkeypatch, prompter, [["7"]] * len(prompts))
+        encoded = prompter.encode_all([{"prompt": p} for p in prompts])
+        episodes = Episodes(environment=_Faulty, limits=EpisodeLimits(max_turns=3))
+        try:
+            return episodes.draw(*policy, prompter, encoded, 1, jax.random.key(0)).scored()
+        finally:
+            episodes.close()
+
+    kinds = ["reset", "step", "observation", "reward"]
+    rolled = draw(["fine", *kinds])
+    fine, *failed = rolled.episodes
+    assert (fine.env_error, fine.ended, fine.turns) == ("", "environment", 1)
+    assert [e.env_error for e in failed] == kinds
+    assert [e.ended for e in failed] == ["error", "error", "error", "environment"]
+    assert failed[0].turns == 1  # the row's own prompt, one turn, then the end
+    assert failed[1].error == (
+        "_Faulty.step raised AttributeError: 'dict' object has no attribute 'strip'"
+    )
+    assert failed[2].error.startswith("_Faulty.step returned an observation the model cannot read")
+    assert rolled.reward_parts["environment"].tolist()[:1] == [1.0]
+    assert np.isnan(rolled.reward_parts["environment"][1:]).all()  # a failed episode: no judgement
+    assert {f"env_errors/{kind}": 1.0 for kind in kinds}.items() <= rolled.metrics.items()
+    assert "dew: warning: _Faulty.step raised AttributeError" in capsys.readouterr().err
+    with pytest.raises(EpisodeError, match=r"failed all 2 episodes, the first as _Faulty\.step "):
+        draw(["step", "observation"])
 
 
 class _Gated:
@@ -389,22 +456,89 @@ def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path, monkeypatch
     first = history[0]
     assert 1.0 <= first["turns"] <= 3.0 and first["sampled_tokens"] >= first["turns"]
     assert first["context_tokens"] >= 0 and np.isfinite(first["loss"])
-    assert {"tool_calls", "tool_s", "episode_caps", "eval/reward"} <= set(history[-1])
+    assert {"tool_calls", "tool_s", "episode_caps/turns", "eval/reward"} <= set(history[-1])
     sample = json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])
     assert sample["messages"][0] == {"role": "user", "content": "^>"}
     record = json.loads((tmp_path / "config.json").read_text())
     assert record["environment"] == "dew.tasks.guess:NumberGuess"
 
 
+class _Wordy(NumberGuess):
+    """The guessing game, whose first turn after the first step's 2 x 4 episodes is a word the
+    digit tokenizer cannot encode."""
+
+    resets = 0
+
+    def reset(self, **columns):
+        _Wordy.resets += 1
+        first = super().reset(**columns)
+        return "again" if _Wordy.resets > 8 else first
+
+
+def test_an_environment_that_fails_every_episode_stops_the_run_keeping_the_checkpoint(tmp_path):
+    from dew.cli import _parse_train
+    from dew.train.checkpoint import Checkpoints
+    from dew.train.runlog import read_metrics
+    from dew.train.trainer import Trainer, TrainingError
+
+    config, _ = _parse_train(
+        [
+            *("--objective", "grpo", "--model", "tiny", "--task", "guess"),
+            *("--environment", "dew.tasks.guess:NumberGuess", "--max-turns", "3"),
+            *("--max-episode-tokens", "12", "--steps", "3", "--prompts", "2", "--group", "4"),
+            *("--checkpoint-every", "1", "--out", str(tmp_path)),
+        ]
+    )
+    _Wordy.resets = 0
+    limits = EpisodeLimits(max_turns=3, max_episode_tokens=12)
+    episodes = Episodes(environment=_Wordy, limits=limits)
+    try:
+        with pytest.raises(
+            TrainingError,
+            match=r"^step 2: the environment failed all 8 episodes, the first as _Wordy\.reset "
+            r"returned an observation the model cannot read: ValueError: cannot encode .*; "
+            r"checkpoint of step 1 kept$",
+        ):
+            Trainer(config, quiet=True, rollouts=episodes).run()
+    finally:
+        episodes.close()
+    assert Checkpoints(tmp_path / "checkpoints").latest_step() == 1
+    (row,) = read_metrics(tmp_path)  # step 1's, its zeros logged: every series is whole
+    assert row["env_errors/observation"] == 0.0 and row["env_errors/reset"] == 0.0
+    assert json.loads((tmp_path / "end.json").read_text())["status"] == "failed"
+
+
 def test_the_tool_and_environment_flags_are_read_and_checked():
     from dew.cli import _parse_train
     from dew.options import ConfigError
-    from dew.train.config import _make_rollouts
+    from dew.train.config import make_rollouts
 
     config, _ = _parse_train(["--tool", "a:b", "--tool", "c:d", "--max-calls-per-turn", "2"])
     assert config.tools == ("a:b", "c:d") and config.episodes.max_calls_per_turn == 2
     with pytest.raises(ConfigError, match=r"--environment 'dew\.tasks\.guess:Nope'"):
-        _make_rollouts(config.replace(tools=(), environment="dew.tasks.guess:Nope"))
+        make_rollouts(config.replace(tools=(), environment="dew.tasks.guess:Nope"))
+
+
+def test_a_flag_the_run_would_ignore_is_refused_naming_it():
+    from dew.objectives.sft import SFT
+    from dew.options import ConfigError
+    from dew.tasks import get_task
+    from dew.tokenizers import DIGITS
+    from dew.train.config import TrainConfig, make_prompter, validate
+
+    with pytest.raises(ConfigError, match=r"^--max-turns needs --tool or --environment$"):
+        validate(TrainConfig().replace(max_turns=3), SFT(), device_count=1)
+    game = TrainConfig(environment="dew.tasks.guess:NumberGuess")
+    validate(game.replace(max_turns=3), SFT(), device_count=1)
+    with pytest.raises(ConfigError, match=r"^--tool-timeout needs --tool or --environment-tools$"):
+        validate(game.replace(tool_timeout=3.0), SFT(), device_count=1)
+    # Without a chat template nothing shows the model its tools: it could never call one.
+    reverse = get_task("reverse")
+    with pytest.raises(ConfigError, match=r"^--tool 'calculator': model 'tiny' has no chat"):
+        make_prompter(TrainConfig(model="tiny", tools=("calculator",)), reverse, DIGITS)
+    with pytest.raises(ConfigError, match=r"^--environment-tools: model 'tiny' has no chat"):
+        make_prompter(game.replace(model="tiny", environment_tools=True), reverse, DIGITS)
+    make_prompter(game.replace(model="tiny"), reverse, DIGITS)  # an environment alone plays
 
 
 class _Vault:
@@ -463,19 +597,20 @@ def test_an_environments_methods_are_tools_run_by_its_own_instance(policy, token
 
 def test_the_environment_tools_flag_reaches_the_episodes():
     from dew.cli import _parse_train
+    from dew.objectives.sft import SFT
     from dew.options import ConfigError
-    from dew.train.config import _make_rollouts
+    from dew.train.config import make_rollouts, validate
 
     game = ["--environment", "dew.tasks.guess:NumberGuess"]
     config, _ = _parse_train(game)
-    assert not _make_rollouts(config).environment_tools
+    assert not make_rollouts(config).environment_tools
     config, _ = _parse_train([*game, "--environment-tools"])
-    assert config.episodes.environment_tools and _make_rollouts(config).environment_tools
-    assert not _make_rollouts(config).rows_apart  # each turn one call: the run is exact
+    assert config.episodes.environment_tools and make_rollouts(config).environment_tools
+    assert not make_rollouts(config).rows_apart  # each turn one call: the run is exact
     with pytest.raises(ConfigError, match="--environment-tools needs --environment"):
-        _make_rollouts(config.replace(environment=None))
+        validate(config.replace(environment=None), SFT(), device_count=1)
     ahead, _ = _parse_train([*game, "--max-staleness", "1", "--tis-cap", "2"])
-    assert _make_rollouts(ahead).rows_apart  # ahead of the learner, rows go on apart
+    assert make_rollouts(ahead).rows_apart  # ahead of the learner, rows go on apart
 
 
 def test_an_episode_run_resumed_mid_way_is_the_straight_run_bit_for_bit(tmp_path):
@@ -504,4 +639,4 @@ def test_an_episode_run_resumed_mid_way_is_the_straight_run_bit_for_bit(tmp_path
         for h in (straight_rows, resumed_rows)
     ]
     assert rows[0] == rows[1] and [row["step"] for row in rows[1]] == [1, 2, 3, 4]
-    assert {"turns", "episode_caps"} <= set(rows[0][0])  # the rows of episodes
+    assert {"turns", "episode_caps/turns"} <= set(rows[0][0])  # the rows of episodes

@@ -1,5 +1,6 @@
 """Evaluation: pass@k against its closed form, maj@k, the held-out metrics of a policy."""
 
+import json
 import math
 
 import jax
@@ -125,3 +126,43 @@ def test_greedy_metrics_do_not_depend_on_how_the_completions_are_drawn(monkeypat
     whole = evaluate(graphdef, params, prompter, **run)
     monkeypatch.setattr("dew.evaluation._ROWS_PER_DRAW", 4)
     assert evaluate(graphdef, params, prompter, **run) == whole
+
+
+def test_evaluation_gives_each_reward_functions_mean_beside_the_total():
+    graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+    rewards = (
+        Reward("judge", lambda p, c, **k: [1.0, 0.0] * (len(c) // 2)),
+        Reward("unsure", lambda p, c, **k: [None, 0.5] * (len(c) // 2), weight=0.5),
+    )
+    prompter = Prompter(Reverse(1, 1), DIGITS, rewards=rewards)
+    metrics = evaluate(
+        graphdef, params, prompter, prompts=2, k=2, temperature=1.0, key=jax.random.key(0)
+    )
+    assert metrics["eval/reward/judge"] == pytest.approx(0.5)
+    assert metrics["eval/reward/unsure"] == pytest.approx(0.5)  # the None scores left out
+    assert "eval/turns" not in metrics  # one turn each: no episodes
+
+
+def test_eval_plays_episodes_with_its_caps_and_prints_turns_and_each_reward(
+    tmp_path, capsys, monkeypatch
+):
+    from dew import cli
+    from dew.train import config
+
+    made = []
+    make = config.make_rollouts
+    monkeypatch.setattr(config, "make_rollouts", lambda c: made.append(make(c)) or made[-1])
+    out = tmp_path / "eval.jsonl"
+    game = ("--task", "guess", "--environment", "dew.tasks.guess:NumberGuess")
+    caps = ("--max-turns", "3", "--max-episode-tokens", "12")
+    argv = ["eval", "--model", "tiny", *game, *caps, "--prompts", "2", "--k", "2"]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    assert (made[0].limits.max_turns, made[0].limits.max_episode_tokens) == (3, 12)
+    row = json.loads(out.read_text())
+    assert 1 <= row["eval/turns"] <= 3 and row["eval/tool_calls"] == 0
+    assert {"eval/reward/solved", "eval/reward/format"} <= set(row)
+    printed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert printed[:3] == ["reward", "reward/solved", "reward/format"]
+    assert {"turns", "tool_calls"} <= set(printed)
+    assert cli.main([*argv, "--max-turns", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "dew: error: --max-turns must be at least 1, got 0"

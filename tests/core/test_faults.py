@@ -72,9 +72,9 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
 """
 
 FULL_DISK_AT_THE_NEXT_METRICS_ROW = """
-from dew.train.runlog import _MetricsFile
+from dew.train.runlog import MetricsFile
 
-real_append = _MetricsFile.append
+real_append = MetricsFile.append
 
 def append(self, row):
     checkpoints.wait()  # the disk fills once checkpoint 2, written in the background, is whole
@@ -82,7 +82,7 @@ def append(self, row):
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
     real_append(self, row)
 
-_MetricsFile.append = append
+MetricsFile.append = append
 """
 
 KILL_IN_THE_MIDDLE_OF_THE_SAVE = """

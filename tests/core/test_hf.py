@@ -177,6 +177,44 @@ def test_missing_tensor_and_bad_files_are_one_line_errors(tmp_path):
     one_line_error(folder, "no model.safetensors")
 
 
+def test_a_tensor_the_architecture_does_not_use_is_one_line_naming_it(tmp_path, capsys):
+    folder = broken_copy(tmp_path, "qwen2")  # q/k/v biases, which Mistral has none of
+    edit_config(folder, model_type="mistral", architectures=["MistralForCausalLM"])
+    message = one_line_error(folder, "tensor 'model.layers.0.self_attn.[qkv]_proj.bias' is not")
+    assert message.startswith(f"{folder / 'model.safetensors'}: ") and "mistral" in message
+    assert main(["train", "--model", str(folder), "--out", str(tmp_path / "run")]) == 2
+    assert "is not part of the mistral architecture" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_gguf_tensor_dew_has_no_key_for_is_named(tmp_path):
+    import gguf
+
+    path = tmp_path / "extra.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", 1), ("embedding_length", 8), ("feed_forward_length", 16)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_uint32("llama.attention.head_count", 2)
+    writer.add_uint32("llama.attention.head_count_kv", 2)
+    rng = np.random.default_rng(0)
+    shapes = {
+        "token_embd.weight": (12, 8), "output_norm.weight": (8,),
+        "blk.0.attn_norm.weight": (8,), "blk.0.ffn_norm.weight": (8,),
+        "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (8, 8),
+        "blk.0.attn_v.weight": (8, 8), "blk.0.attn_output.weight": (8, 8),
+        "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8),
+        "blk.0.ffn_down.weight": (8, 16), "blk.0.attn_q.bias": (8,),
+    }  # fmt: skip
+    for name, shape in shapes.items():
+        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    message = one_line_error(path, "tensor 'blk.0.attn_q.bias' is not part of the llama")
+    assert message.startswith(f"{path}: ")
+
+
 def test_bad_gguf_files_are_one_line_errors(tmp_path):
     source = resolve_model("smollm2").path
     head = source.open("rb").read(2_000_000)
@@ -218,6 +256,34 @@ def test_folder_models_resolve_with_their_tokenizer():
     policy, tokenizer = source.policy(seed=0, value_head=True), source.tokenizer()
     assert tokenizer.eos_token_id == 2 and policy.value_head is not None
     assert load_tokenizer(FIXTURES / "qwen2-chat").encode("hi") == tokenizer.encode("hi")
+
+
+@pytest.fixture
+def offline_hub_cache(tmp_path, monkeypatch):
+    """A Hugging Face cache in `tmp_path` holding `acme/chat` (the chat fixture), laid out as
+    huggingface_hub lays it out, with the Hub out of reach (HF_HUB_OFFLINE=1)."""
+    import huggingface_hub.constants
+
+    cache, commit = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(FIXTURES / "qwen2-chat", cache / "models--acme--chat" / "snapshots" / commit)
+    (cache / "models--acme--chat" / "refs").mkdir()
+    (cache / "models--acme--chat" / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # read once, when huggingface_hub is first imported, which may have been before this test
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache / "models--acme--chat" / "snapshots" / commit
+
+
+def test_a_hub_model_comes_from_the_cache_offline(offline_hub_cache, capsys):
+    source = resolve_model("acme/chat")
+    assert source.path == offline_hub_cache and source.name == "acme/chat"
+    assert main(["chat", "--model", "acme/chat", "--max-new-tokens", "2", "hi"]) == 0
+    assert main(["chat", "--model", "acme/missing", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dew: error: --model 'acme/missing' is no folder here, and ")
+    assert "HF_HUB_OFFLINE=1" in err and len(err.splitlines()) == 1
 
 
 def test_dew_chat_answers_until_the_end_of_turn(capsys):

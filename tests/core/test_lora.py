@@ -153,13 +153,30 @@ def test_export_writes_a_lora_run_of_a_checkpoint_folder_as_a_hugging_face_folde
     base = resolve_model(str(CHAT)).policy(0)(TOKENS)
     assert float(jnp.abs(exported(TOKENS) - base).max()) > 1e-4  # the adapters trained
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    adapters = tmp_path / "adapters"
+    assert cli.main(["export", "--run", str(run), "--out", str(adapters), "--adapters"]) == 0
+    said = f"wrote {adapters}: {run} at step 1, its LoRA rank 4 adapters alone"
+    assert capsys.readouterr().out.strip() == said
+    config = json.loads((adapters / "adapter_config.json").read_text())
+    assert (config["r"], config["target_modules"]) == (4, ["q_proj", "v_proj"])
+    assert config["base_model_name_or_path"] == str(CHAT)
+    assert not (adapters / "model.safetensors").exists()
+    assert (adapters / "tokenizer.json").is_file()
+    merged = merge_lora(policy)
+    lora = load_file(adapters / "adapter_model.safetensors")
+    key = "base_model.model.model.layers.0.self_attn.q_proj"
+    update = lora[f"{key}.lora_B.weight"] @ lora[f"{key}.lora_A.weight"] * config["lora_alpha"] / 4
+    base = load_policy(CHAT).layers[0].self_attn.q_proj.kernel.get_value()
+    np.testing.assert_allclose(
+        base + update.T, merged.layers[0].self_attn.q_proj.kernel.get_value(), atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--out", "{tmp}/x"], "--run is required"),
-        (["--run", "{tmp}", "--out", "{tmp}/x"], "--run {tmp}: {tmp} is not a run folder"),
+        (["--run", "{tmp}", "--out", "{tmp}/x"], "--run {tmp} is not a run folder"),
         (["--run", "{tmp}", "--out", "{tmp}"], "--out {tmp} already holds files"),
     ],
 )

@@ -14,6 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from dew import cli, rewards
 from dew.rewards import Reward, RewardError, score_texts
+from dew.train.runlog import read_metrics
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
 
@@ -77,7 +78,7 @@ def test_a_reward_beyond_float32_is_named_before_it_reaches_the_loss():
         score_texts(large, ["p"], ["a"], {})
 
 
-def test_rerunning_a_run_that_failed_at_its_first_step_says_one_thing(
+def test_a_run_that_failed_before_its_first_checkpoint_starts_again_with_resume(
     capsys, tmp_path, monkeypatch
 ):
     (tmp_path / "failing.py").write_text(
@@ -92,13 +93,25 @@ def test_rerunning_a_run_that_failed_at_its_first_step_says_one_thing(
     run = tmp_path / "run"
     argv = [*TRAIN, "--reward", "failing:reward", "--steps", "2", "--out", str(run)]
     assert "not yet written" in one_line(capsys, argv, status=1)
-    expected = (
-        f"{run} holds a run that saved no checkpoint (it stopped before its first); remove the "
-        "folder to start it again, or choose another --out"
+    assert one_line(capsys, argv) == (
+        f"dew: error: --out {run} holds a run that saved no checkpoint (it stopped before its "
+        "first); pass --resume to start it again there (its files are kept beside it), or "
+        "choose another --out"
     )
-    assert one_line(capsys, argv) == f"dew: error: --out {expected}"
-    resumed = ["train", "--resume", "--out", str(run), "--quiet"]
-    assert one_line(capsys, resumed) == f"dew: error: --resume {expected}"
+    (tmp_path / "failing.py").write_text(  # the reward, written at last
+        "def reward(prompts, completions, **columns):\n    return [1.0 for _ in completions]\n"
+    )
+    sys.modules.pop("failing", None)
+    assert cli.main(["train", "--resume", "--out", str(run), "--quiet"]) == 0
+    aside = tmp_path / "run.attempt-1"
+    assert capsys.readouterr().err.strip() == (
+        f"dew: {run} saved no checkpoint to resume from; starting the run again, what it wrote "
+        f"kept in {aside}"
+    )
+    assert json.loads((aside / "end.json").read_text())["status"] == "failed"
+    assert "not yet written" in json.loads((aside / "end.json").read_text())["error"]
+    assert [row["step"] for row in read_metrics(run)] == [1, 2]
+    assert json.loads((run / "end.json").read_text())["status"] == "finished"
     sys.modules.pop("failing", None)
 
 
@@ -238,3 +251,90 @@ def test_eval_into_a_missing_folder_is_one_line_before_evaluating(capsys, tmp_pa
     out = tmp_path / "missing" / "metrics.jsonl"
     err = one_line(capsys, ["eval", "--model", "tiny", "--out", str(out)])
     assert err == f"dew: error: --out {out}: no folder {out.parent}"
+
+
+HERE = {
+    "here_game.py": """
+        class Game:
+            def reset(self, **columns):
+                return "go"
+
+            def step(self, message):
+                return None
+        """,
+    "here_code.py": '''
+        def double(x: int) -> int:
+            """Double a number.
+
+            Args:
+                x: The number.
+            """
+            return 2 * x
+
+        def bare(x):
+            return x
+
+        def shorter(prompts, completions, **columns):
+            return [-len(c) for c in completions]
+        ''',
+}
+
+
+@pytest.fixture
+def modules_here(tmp_path, monkeypatch):
+    """`HERE`'s modules in the current folder, which is not on `sys.path`."""
+    for name, text in HERE.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield tmp_path
+    for name in HERE:
+        sys.modules.pop(Path(name).stem, None)
+
+
+def test_environment_tool_and_reward_modules_are_found_in_the_current_folder(capsys, modules_here):
+    from dew.tools import load_tool
+    from dew.train.config import load_environment
+
+    assert load_environment("here_game:Game").__name__ == "Game"  # dew train and dew eval
+    assert load_tool("here_code:double")(2) == 4
+    assert rewards.get_reward("here_code:shorter")(["q"], ["abc"]) == [-3]
+    # dew chat loads the environment first, then finds the model has no chat template.
+    argv = ["chat", "--model", "tiny", "--environment", "here_game:Game", "hi"]
+    assert "has no chat template" in one_line(capsys, argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "value", "message"),
+    [
+        (["--model", str(CHAT), "--tool", "nosuch_here:fn"], "--tool", "'nosuch_here:fn'",
+         "cannot import 'nosuch_here' (No module named 'nosuch_here')"),
+        (["--model", str(CHAT), "--tool", "here_code:bare"], "--tool", "'here_code:bare'",
+         "tool 'bare': no docstring to describe it"),
+        (["--environment", "nosuch_here:Game"], "--environment", "'nosuch_here:Game'",
+         "cannot import 'nosuch_here' (No module named 'nosuch_here')"),
+        (["--reward", "nosuch_here:fn"], "--reward", "'nosuch_here:fn'",
+         "cannot import 'nosuch_here' (No module named 'nosuch_here')"),
+        (["--reward-model", "nowhere"], "--reward-model", "nowhere",
+         "no config.json (not a Hugging Face model folder)"),
+        (["--data", "nowhere.jsonl"], "--data", "nowhere.jsonl", "no such file"),
+    ],
+    ids=["tool-module", "tool-schema", "environment", "reward", "reward-model", "data"],
+)  # fmt: skip
+def test_an_error_names_its_flag_and_value_once(capsys, modules_here, argv, flag, value, message):
+    err = one_line(capsys, [*TRAIN, "--out", "run", *argv])
+    assert err == f"dew: error: {flag} {value}: {message}"
+    assert err.count(flag) == 1 and err.count(value) == 1
+    assert not (modules_here / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["sample", "export"])
+def test_a_run_folder_that_is_not_one_is_named_once(capsys, tmp_path, command):
+    argv = [
+        command,
+        "--run",
+        str(tmp_path),
+        *(["--out", str(tmp_path / "x")] * (command == "export")),
+    ]
+    err = one_line(capsys, argv)
+    assert err == f"dew: error: --run {tmp_path} is not a run folder: it has no config.json"

@@ -24,7 +24,7 @@ def test_the_digit_tasks_are_chat_prompts_on_a_chat_model():
             assert tokenizer.decode(tokens) == (
                 f"<|im_start|>user\n{example['prompt']}<|im_end|>\n<|im_start|>assistant\n"
             )
-            answer = prompter.demonstration(example)
+            answer, _ = prompter.demonstration(example)
             assert len(answer) <= prompter.max_new_tokens
             rewards, _ = prompter.score([example] * 3, [answer, answer[:-1], [prompter.stop_id]])
             assert rewards[0] == 1.0

@@ -13,7 +13,7 @@ from dew import cli
 from dew.hf import load_reward_model, load_tokenizer
 from dew.models.reward import TextScorer
 from dew.tasks import get_task
-from dew.train.config import ConfigError, TrainConfig, _make_prompter
+from dew.train.config import ConfigError, TrainConfig, make_prompter
 from dew.train.trainer import Trainer
 
 REWARD = Path(__file__).parent / "hf" / "qwen2-reward"
@@ -45,7 +45,7 @@ def test_text_scores_are_the_models_scores_of_its_own_chat_rendering(scorer):
 
 def test_a_reward_model_adds_its_weighted_score_beside_the_task_rewards(scorer):
     config = TrainConfig(reward_models=(f"{REWARD}=0.5",))
-    prompter = _make_prompter(config, get_task("reverse"))
+    prompter = make_prompter(config, get_task("reverse"))
     task_rewards = [reward.name for reward in get_task("reverse").rewards]
     assert [reward.name for reward in prompter.rewards] == [*task_rewards, "qwen2-reward"]
     examples = [{"prompt": "^123>", "answer": "321"}, {"prompt": "^45>", "answer": "54"}]
@@ -62,7 +62,7 @@ def test_a_reward_model_adds_its_weighted_score_beside_the_task_rewards(scorer):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("nowhere", "--reward-model nowhere: nowhere: no config.json"),
+        ("nowhere", "--reward-model nowhere: no config.json"),
         (f"{REWARD}=heavy", "the weight 'heavy' is not a number"),
         (f"{REWARD}=inf", "the weight must be finite"),
         (str(REWARD.parent / "qwen2"), "not a \\*ForSequenceClassification"),
@@ -72,7 +72,7 @@ def test_a_bad_reward_model_is_one_line_naming_the_flag_before_anything_is_writt
     spec, message, tmp_path, capsys
 ):
     with pytest.raises(ConfigError, match=message):
-        _make_prompter(TrainConfig(reward_models=(spec,)), get_task("reverse"))
+        make_prompter(TrainConfig(reward_models=(spec,)), get_task("reverse"))
     out = tmp_path / "run"
     argv = ["train", "--model", "tiny", "--reward-model", spec, "--out", str(out)]
     assert cli.main(argv) == 2

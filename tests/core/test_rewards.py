@@ -9,11 +9,11 @@ import pytest
 from dew.rewards import (
     Reward,
     RewardError,
-    _parse_reward,
     final_answer,
     format,
     get_reward,
     math_answer,
+    parse_reward,
     score_texts,
 )
 
@@ -110,6 +110,14 @@ def test_a_row_without_an_answer_is_not_judged():
     assert math_answer(["q", "q"], ["4", "4"], answer=[None, "4"]) == [None, 1.0]
 
 
+def test_a_completion_cut_at_the_token_cap_is_read_by_its_marked_answer_alone():
+    cut = "1. ... 2. There are several ways to"
+    assert math_answer(["q"], [cut], answer=["2"], finished=[False]) == [0.0]
+    assert math_answer(["q"], [cut], answer=["2"], finished=[True]) == [1.0]  # it chose to end
+    marked = ["So \\boxed{2} and then 3. Next", "#### 2\nThen 3. Next"]
+    assert math_answer(["q"] * 2, marked, answer=["2", "2"], finished=[False, False]) == [1.0, 1.0]
+
+
 def test_math_answer_needs_as_many_answers_as_completions():
     with pytest.raises(ValueError):
         math_answer(["q", "q"], ["4", "4"], answer=["4"])
@@ -147,7 +155,7 @@ def test_rewards_are_found_by_module_and_function(tmp_path, monkeypatch):
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    reward = _parse_reward("my_rewards:shorter=0.5")
+    reward = parse_reward("my_rewards:shorter=0.5")
     assert reward.name == "shorter" and reward.weight == 0.5
     assert reward.function(["q"], ["abcde"]) == [-0.5]
     with pytest.raises(ValueError, match="--reward 'my_rewards:nope': 'my_rewards' has no 'nope'"):
@@ -175,7 +183,7 @@ def test_the_overlong_penalty_is_installed_by_the_objectives_distribution():
 )
 def test_bad_reward_specs_are_named(spec, message):
     with pytest.raises(ValueError, match=f"--reward '{spec}': {message}"):
-        _parse_reward(spec)
+        parse_reward(spec)
 
 
 def test_the_total_is_the_weighted_sum_and_none_adds_nothing():

@@ -1,6 +1,7 @@
 """Rollouts: the group layout, scoring, reward errors, demonstration and preference rows."""
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -17,6 +18,7 @@ from dew.tasks import Reverse, get_task
 from dew.tokenizers import DIGITS
 
 TASK = get_task("reverse")
+CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
 PROMPTER = Prompter(TASK, DIGITS)
 
 
@@ -152,6 +154,33 @@ def test_demonstrations_hold_the_correct_answers():
         completion = tokens[np.asarray(batch.completion_mask[row])].tolist()
         assert DIGITS.decode(completion) == example["answer"] + "$"
     assert np.asarray(batch.rewards).tolist() == [1.0] * 5
+
+
+def test_sft_on_conversations_trains_the_assistant_tokens_the_template_marks(marked_chat_folder):
+    from dew.hf import load_tokenizer
+    from dew.tasks.dataset import Dataset
+
+    example = {
+        "prompt": [{"role": "user", "content": "2+2?"}],
+        "completion": [
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "and 3+3?"},
+            {"role": "assistant", "content": "6"},
+        ],
+    }
+    task = Dataset([example], heldout=0, max_new_tokens=64)
+    trained = {}
+    for name, folder in (("marked", marked_chat_folder), ("plain", CHAT)):
+        prompter = Prompter(task, load_tokenizer(folder))
+        batch = _demonstrations(prompter, [example])
+        tokens, mask = np.asarray(batch.tokens[0]), np.asarray(batch.completion_mask[0])
+        trained[name] = prompter.tokenizer.decode(tokens[mask])
+        prompt = tokens[: np.asarray(batch.prompt_mask[0]).sum()]
+        assert prompter.tokenizer.decode(prompt).endswith("<|im_start|>assistant\n")
+    assert trained["marked"] == "4<|im_end|>6<|im_end|>"
+    assert trained["plain"] == "4<|im_end|>\n<|im_start|>user\nand 3+3?<|im_end|>\n" + (
+        "<|im_start|>assistant\n6<|im_end|>\n"
+    )
 
 
 def test_preferences_pair_the_answer_with_a_corrupted_one():

@@ -18,7 +18,7 @@ from dew.options import ConfigError
 from dew.train import TrainConfig, train
 from dew.train._folder import RunLock
 from dew.train.checkpoint import Checkpoints
-from dew.train.runlog import _Display, read_metrics
+from dew.train.runlog import ProgressDisplay, read_metrics
 
 COMMON = ["--objective", "sft", "--model", "tiny", "--prompts", "4", "--quiet"]
 
@@ -146,7 +146,7 @@ def test_without_a_terminal_progress_is_printed_by_time_too(monkeypatch):
     from dew.train import runlog
 
     out = io.StringIO()
-    display = _Display(1000, 0, Console(file=out, force_terminal=False))
+    display = ProgressDisplay(1000, 0, Console(file=out, force_terminal=False))
     row = {"reward": 0.5, "loss": 1.0, "steps_per_s": 2.0, "time": 1.0}
     display.update({**row, "step": 1})
     assert out.getvalue() == ""  # not a twentieth of the run yet, and too soon
@@ -178,6 +178,32 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     )
     assert (run / "reward.png").exists()
     assert Checkpoints(Path(run) / "checkpoints").latest_step() is not None
+
+
+def test_ctrl_c_before_the_first_checkpoint_saves_the_last_finished_step(
+    capsys, tmp_path, monkeypatch
+):
+    from dew.train.trainer import Trainer
+
+    rollout_phase = Trainer.rollout_phase
+
+    def interrupted_at_step_3(self, step):
+        if step == 3:  # Ctrl-C while step 3 samples: step 2 is the last one finished
+            raise KeyboardInterrupt
+        return rollout_phase(self, step)
+
+    monkeypatch.setattr(Trainer, "rollout_phase", interrupted_at_step_3)
+    run = tmp_path / "run"
+    argv = ["train", *COMMON, "--steps", "4", "--checkpoint-every", "10", "--out", str(run)]
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "dew: interrupted; the last checkpoint is kept; continue with: "
+        f"dew train --resume --out {run}"
+    )
+    assert Checkpoints(run / "checkpoints").all_steps() == [2]
+    monkeypatch.setattr(Trainer, "rollout_phase", rollout_phase)
+    assert cli.main(["train", "--resume", "--out", str(run), "--quiet"]) == 0
+    assert [row["step"] for row in read_metrics(run)] == [1, 2, 3, 4]
 
 
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(

@@ -9,23 +9,26 @@ import pytest
 
 from dew import cli
 from dew.train._folder import RunLock
-from dew.train.plot import _shown_panels
-from dew.train.runlog import _MetricsFile, _write_config
-from dew.train.runs import END, RunEnd, list_runs
+from dew.train.plot import _dashboard, _shown_panels, run_labels
+from dew.train.runlog import MetricsFile, read_metrics, write_config
+from dew.train.runs import END, RunEnd, list_runs, run_options
 
 
-def fake_run(folder: Path, name: str, *, steps: int, done: int, started: float, lr=1e-3, end=None):
+def fake_run(
+    folder: Path, name: str, *, steps: int, done: int, started: float, lr=1e-3, end=None, **record
+):
     run_dir = folder / name
     run_dir.mkdir(parents=True)
     record = {
         "objective": "grpo",
         "model": "tiny",
         "task": "reverse",
-        "run": {"steps": steps},
         "optimizer": {"lr": lr},
+        **record,
+        "run": {"steps": steps, **record.get("run", {})},
     }
-    _write_config(run_dir, record)
-    metrics = _MetricsFile(run_dir)
+    write_config(run_dir, record)
+    metrics = MetricsFile(run_dir)
     for step in range(1, done + 1):
         row = {
             "step": step,
@@ -105,6 +108,47 @@ def test_plot_draws_runs_on_the_same_panels_labelled_by_what_differs(tmp_path, c
     assert "is not a run folder" in capsys.readouterr().err
 
 
+def test_plot_of_runs_differing_in_many_options_labels_what_matters_below_the_panels(tmp_path):
+    tracked = {"report_to": "tensorboard", "checkpoint_every": 5}
+    runs = [
+        fake_run(tmp_path, "plain", steps=4, done=4, started=1, run=tracked),
+        fake_run(
+            tmp_path,
+            "tools",
+            steps=4,
+            done=4,
+            started=2,
+            lr=3e-3,
+            tools=["mytools:add"],
+            episodes={"max_turns": 2},
+        ),
+        fake_run(
+            tmp_path,
+            "game",
+            steps=4,
+            done=4,
+            started=3,
+            lr=3e-3,
+            environment="mygame:Game",
+            episodes={"max_turns": 2},
+        ),
+    ]
+    labels = run_labels([run_options(run) for run in runs], [run.name for run in runs])
+    # the tracker and checkpoints, the empty tools and the unused turn cap of "plain" left out
+    assert labels == ["lr=0.001", "lr=0.003 tools=mytools:add", "environment=mygame:Game lr=0.003"]
+    rows = [(label, read_metrics(run)) for label, run in zip(labels, runs, strict=True)]
+    figure = _dashboard(rows, "", "step")
+    figure.canvas.draw()
+    (legend,) = figure.legends
+    inside = figure.bbox
+    box = legend.get_window_extent()
+    assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
+    assert box.y1 <= min(axis.get_window_extent().y0 for axis in figure.axes if axis.get_visible())
+    assert figure.axes[0].get_position().x0 < 0.15  # the panels span the figure's width
+    steps = [step for axis in figure.axes for step in axis.get_xticks()]
+    assert all(step == int(step) for step in steps)
+
+
 def test_dashboard_panels_are_those_the_rows_have():
     rows = [
         {
@@ -147,3 +191,14 @@ def test_run_end_records_how_the_run_ended(tmp_path, error, status):
     record = json.loads((tmp_path / END).read_text())
     assert record["status"] == status and record["step"] == 7
     assert ("error" in record) == (status == "failed")
+
+
+def test_runs_says_failed_for_a_failed_run_without_a_reward(tmp_path, capsys):
+    fake_run(tmp_path, "crashed", steps=6, done=0, started=100, end="failed")
+    fake_run(tmp_path, "stopped", steps=6, done=0, started=200, end="interrupted")
+    assert cli.main(["runs", str(tmp_path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [
+        ["stopped", "tiny", "reverse", "grpo", "0/6", "-", "-", "interrupted"],
+        ["crashed", "tiny", "reverse", "grpo", "0/6", "failed", "-", "failed"],
+    ]

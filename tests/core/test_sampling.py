@@ -18,11 +18,11 @@ from dew.models.outputs import log_probs
 from dew.models.registry import SIZES
 from dew.rollout.generate import _pad_prompts
 from dew.sampling import (
-    _choose,
     _first_max,
-    _row_keys,
     _sample_state,
     _sampling_log_probs,
+    choose_tokens,
+    row_keys,
     sample,
     sample_state,
 )
@@ -108,8 +108,8 @@ def test_tokens_are_drawn_as_often_as_their_probability_and_never_without_one():
     probs = np.array([0.1, 0.0, 0.3, 0.0, 0.05, 0.55, 0.0, 0.0])
     rows = 40_000
     logits = jnp.broadcast_to(jnp.log(jnp.asarray(probs, jnp.float32)), (rows, 8))
-    keys = _row_keys(jax.random.key(3), jnp.zeros(rows, jnp.int32))
-    tokens, logp = _choose(logits, keys, 1.0, 1.0)
+    keys = row_keys(jax.random.key(3), jnp.zeros(rows, jnp.int32))
+    tokens, logp = choose_tokens(logits, keys, 1.0, 1.0)
     frequencies = np.bincount(np.asarray(tokens), minlength=8) / rows
     # Four standard errors of a frequency at these counts.
     np.testing.assert_allclose(frequencies, probs, atol=4 * np.sqrt(0.25 / rows))
@@ -132,11 +132,11 @@ def test_the_first_max_is_argmaxs_answer_ties_nan_and_infinities_included(x):
 @pytest.mark.parametrize("top_p", [1.0, 0.5])
 def test_a_drawn_token_is_the_one_jax_categorical_draws_with_the_rows_key(top_p):
     logits = 3.0 * jax.random.normal(jax.random.key(0), (64, 50))
-    keys = _row_keys(jax.random.key(1), jnp.arange(64))
-    tokens, _ = jax.jit(_choose, static_argnums=(2, 3))(logits, keys, 0.7, top_p)
+    keys = row_keys(jax.random.key(1), jnp.arange(64))
+    tokens, _ = jax.jit(choose_tokens, static_argnums=(2, 3))(logits, keys, 0.7, top_p)
     expected = jax.vmap(jax.random.categorical)(keys, _sampling_log_probs(logits, 0.7, top_p))
     np.testing.assert_array_equal(tokens, expected)
-    greedy, _ = _choose(logits, keys, 0.0, 1.0)
+    greedy, _ = choose_tokens(logits, keys, 0.0, 1.0)
     np.testing.assert_array_equal(greedy, jnp.argmax(logits, axis=-1))
 
 

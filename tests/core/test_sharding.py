@@ -64,7 +64,9 @@ def test_one_step_on_eight_devices_matches_one_device(tmp_path):
         assert run["reward"] == one["reward"], name  # the same samples
         assert abs(run["loss"] - one["loss"]) < 1e-5, name
         for a, b in zip(run["params"], one["params"], strict=True):
-            assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5, name
+            # Adam's first step is lr * g / (|g| + eps): where a gradient is near eps, the
+            # order of eight devices' sums moves it by up to 1.13e-5 (lr 1e-2, an AVX-512 Xeon).
+            assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 2e-5, name
         assert run["devices"] == [8]
     assert runs["data"]["specs"] == ["P()"]
     assert any("'data'" in spec for spec in runs["fsdp"]["specs"])

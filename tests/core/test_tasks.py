@@ -75,8 +75,8 @@ def test_rewards_are_in_unit_interval(name, seed, junk):
     prompter = Prompter(task, DIGITS)
     example = task.examples(np.random.default_rng(seed), 1)[0]
     assert prompter.count(example) <= prompter.width
-    answer = prompter.demonstration(example)
-    assert len(answer) <= task.max_new_tokens
+    answer, trained = prompter.demonstration(example)
+    assert len(answer) <= task.max_new_tokens and all(trained)
     rewards, _ = prompter.score([example, example], [junk, answer])
     assert 0.0 <= rewards[0] <= 1.0
     assert rewards[1] == 1.0

@@ -1,10 +1,12 @@
 """Text tasks end to end on a tiny chat model: arithmetic, a user's JSONL with their own reward,
 chat templates, per-reward metrics, samples, evaluation, and the errors a user can make."""
 
+import io
 import json
 import math
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -166,6 +168,21 @@ def test_pass_at_one_from_eval_is_the_mean_correct_rate(tmp_path, capsys):
     assert 0 <= row["eval/pass@1"] <= row["eval/pass@4"] <= 1
     assert math.isfinite(row["eval/completion_tokens"])
     assert np.isclose(row["eval/prompts"], 8)
+
+
+def test_a_run_on_a_dataset_says_at_its_start_how_many_examples_are_held_out():
+    from rich.console import Console
+
+    from dew.train.callbacks import Progress
+
+    rows = [{"prompt": f"{a} + 1 = ?", "answer": str(a + 1)} for a in range(20)]
+    out = io.StringIO()
+    progress = Progress(3, 0, Console(file=out, force_terminal=False), quiet=False)
+    progress.on_start(SimpleNamespace(prompter=SimpleNamespace(task=Dataset(rows, name="q20"))))
+    assert out.getvalue().splitlines()[0] == (
+        "q20: 18 examples to train on, 2 held out for evaluation (a tenth, at most 200, unless "
+        "--task-option heldout=N)"
+    )
 
 
 def test_parquet_and_jsonl_files_give_the_same_examples(tmp_path):

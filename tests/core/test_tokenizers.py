@@ -8,7 +8,7 @@ import pytest
 
 from dew.hf import load_tokenizer
 from dew.models.registry import resolve_model
-from dew.tokenizers import DIGITS, HFTokenizer, Tokenizer, _end_of_turn_id
+from dew.tokenizers import DIGITS, HFTokenizer, Tokenizer, end_of_turn_id
 
 FIXTURES = Path(__file__).parent / "hf"
 EXPECTED = json.loads((FIXTURES / "tokenizer" / "expected.json").read_text())
@@ -44,7 +44,7 @@ def test_special_ids_and_protocol(tokenizer):
         EXPECTED["pad_token_id"],
     )
     assert isinstance(tokenizer, Tokenizer) and isinstance(DIGITS, Tokenizer)
-    assert _end_of_turn_id(tokenizer) == tokenizer.encode("<|im_end|>")[0]
+    assert end_of_turn_id(tokenizer) == tokenizer.encode("<|im_end|>")[0]
 
 
 def test_no_chat_template_is_a_one_line_error(tmp_path):
@@ -82,5 +82,26 @@ def test_gguf_tokenizer_encodes_as_transformers(smollm2):
 
 def test_gguf_end_of_turn_is_im_end(smollm2):
     assert isinstance(smollm2, HFTokenizer)
-    assert _end_of_turn_id(smollm2) == 2 == smollm2.encode("<|im_end|>")[0]
+    assert end_of_turn_id(smollm2) == 2 == smollm2.encode("<|im_end|>")[0]
     assert smollm2.vocab_size == 49152
+
+
+def test_generation_blocks_render_as_transformers_and_mark_the_assistant(
+    marked_chat_folder, tokenizer
+):
+    marked = load_tokenizer(marked_chat_folder)
+    conversation = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
+    for prompt in (False, True):  # the template without its tags renders the same text
+        assert marked.apply_chat_template(conversation, prompt) == (
+            tokenizer.apply_chat_template(conversation, prompt)
+        )
+    ids, assistant = marked.encode_chat(conversation)
+    assert ids == tokenizer.encode(tokenizer.apply_chat_template(conversation))
+    pieces = [marked.decode([i]) for i, on in zip(ids, assistant, strict=True) if on]
+    assert pieces == ["4", "<|im_end|>", "6", "<|im_end|>"]
+    assert tokenizer.encode_chat(conversation) == (ids, None)  # no blocks: nothing marked

@@ -10,6 +10,7 @@ import math
 import os
 import struct
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -174,15 +175,24 @@ def test_mlflow_client_reads_back_every_metric_step_and_param(tmp_path, monkeypa
     assert table["columns"][:3] == ["step", "prompt", "completion"] and len(table["data"]) == 2
 
 
-def test_trackio_local_store_holds_every_metric_step_and_config(tmp_path):
+def test_trackio_local_store_holds_every_metric_step_and_config(tmp_path, capsys):
+    import trackio
     from trackio.sqlite_storage import SQLiteStorage
 
-    report_twice("trackio", tmp_path)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        report_twice("trackio", tmp_path)
+    assert not [w for w in warned if "Reserved keys" in str(w.message)]  # trackio renames them
+    finished = "* Run finished. Uploading logs to Trackio"
+    assert capsys.readouterr().out.count(finished) == 2  # the first run and the resumed one
+    with pytest.raises(RuntimeError):  # no run left for trackio's exit hook to finish again
+        trackio.finish()
     logs = SQLiteStorage.get_logs("dew", tmp_path.name)
+    assert not any("__time" in log for log in logs)
     series: dict[str, list[tuple[int, float]]] = {}
     for log in logs:
         for key, value in log.items():
-            key = key.removeprefix("__")  # trackio's name for a metric called as its own keys
+            key = {"time_s": "time"}.get(key, key)  # `time` is reserved in trackio
             if key in expected_series():
                 number = math.nan if value is None else value
                 series.setdefault(key, []).append((log["step"], number))
@@ -242,8 +252,8 @@ def test_a_tracker_not_installed_is_a_one_line_error_naming_its_extra(capsys, mo
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "dew: error: --report-to wandb: wandb_not_installed_here is not installed; "
-        "install it with pip install 'dew[wandb]'"
+        "dew: error: --report-to wandb: wandb_not_installed_here is not installed; install "
+        "the dew extra 'wandb' with `uv sync --extra wandb` in the checkout"
     )
     with pytest.raises(ValueError, match="unknown tracker 'comet'"):
         tracker_names("tensorboard, comet")

@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from safetensors import safe_open
 
 from dew import cli
-from dew.hf import load_tokenizer
+from dew.hf import load_policy, load_tokenizer
 from dew.inference import _write_tokenizer, load_run
-from dew.models.registry import resolve_model
+from dew.train.restore import resolve_model
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
 TOKENS = jnp.array([[1, 5, 6, 7]])
@@ -61,8 +62,40 @@ def test_sample_names_the_run_when_its_model_is_gone(runs, capsys, tmp_path):
     (run / "config.json").write_text(json.dumps({**record, "model": str(tmp_path / "gone")}))
     assert cli.main(["sample", "--run", str(run)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"dew: error: --run {run}: {run} was trained on --model")
+    assert err.startswith(f"dew: error: --run {run} was trained on --model")
     assert len(err.splitlines()) == 1
+
+
+def test_a_relative_data_path_is_recorded_absolute(tmp_path, monkeypatch):
+    from dew.train import TrainConfig
+    from dew.train._folder import run_record
+
+    (tmp_path / "q.jsonl").write_text('{"prompt": "2+2?", "answer": "4"}\n')
+    monkeypatch.chdir(tmp_path)
+    record = run_record(TrainConfig(data="q.jsonl", model="tiny"), Path("runs/a"))
+    assert record["data"] == str(tmp_path / "q.jsonl")
+
+
+def test_a_run_that_recorded_its_data_relative_is_read_from_anywhere(runs, capsys, tmp_path):
+    started = tmp_path / "project"  # where an older Dew trained it, with --out runs/a
+    run = started / "runs" / "a"
+    shutil.copytree(runs / "chat-run", run)
+    record = json.loads((run / "config.json").read_text())
+    changed = {**record, "data": "q.jsonl", "run": {**record["run"], "out": "runs/a"}}
+    (run / "config.json").write_text(json.dumps(changed))
+    rows = [{"prompt": f"{n}+1?", "answer": str(n + 1)} for n in range(10)]
+    (started / "q.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert cli.main(["sample", "--run", str(run), "--n", "1"]) == 0  # the tests' folder
+    assert capsys.readouterr().out.startswith(f"run {run}, step 1, task q")
+    (started / "q.jsonl").unlink()
+    expected = (
+        f"{run / 'config.json'} records --data 'q.jsonl' relative to the folder the run "
+        "started in, and it is not found; pass --data with its path"
+    )
+    assert cli.main(["eval", "--model", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == f"dew: error: {expected}"
+    assert cli.main(["sample", "--run", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == f"dew: error: --run {run}: {expected}"
 
 
 def test_export_writes_the_tokenizer_so_chat_loads_the_folder(runs, capsys, tmp_path):
@@ -72,6 +105,41 @@ def test_export_writes_the_tokenizer_so_chat_loads_the_folder(runs, capsys, tmp_
     capsys.readouterr()
     assert cli.main(["chat", "--model", str(out), "--max-new-tokens", "3", "hi"]) == 0
     assert capsys.readouterr().out.endswith("\n")
+
+
+def test_export_writes_its_weights_as_its_other_files_in_the_dtype_asked(runs, capsys, tmp_path):
+    run, out = runs / "chat-run", tmp_path / "export"
+    argv = ["export", "--run", str(run), "--out", str(out), "--dtype", "bfloat16"]
+    assert cli.main(argv) == 0
+    weights, config = out / "model.safetensors", out / "config.json"
+    assert weights.stat().st_mode == config.stat().st_mode  # not safetensors' owner-only 0600
+    with safe_open(weights, "numpy") as tensors:
+        assert {tensors.get_slice(key).get_dtype() for key in tensors.keys()} == {"BF16"}  # noqa: SIM118
+    assert json.loads(config.read_text())["dtype"] == "bfloat16"
+    trained = load_run(run)
+    expected = nnx.merge(trained.graphdef, trained.params)(TOKENS)
+    np.testing.assert_allclose(load_policy(out)(TOKENS), expected, atol=0.05)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--dtype", "float8"],
+            "argument --dtype: invalid choice: 'float8' (choose from 'bfloat16', 'float16', "
+            "'float32')",
+        ),
+        (["--adapters"], "--adapters: {run} was trained without LoRA (--lora-rank 0)"),
+    ],
+)
+def test_export_options_are_checked_before_anything_is_written(
+    runs, capsys, tmp_path, options, message
+):
+    run, out = runs / "chat-run", tmp_path / "export"
+    assert cli.main(["export", "--run", str(run), "--out", str(out), *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message.format(run=run) in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_built_in_size_run_exports_without_its_reward_module_and_loads(runs, capsys, tmp_path):

@@ -5,19 +5,20 @@ import io
 from rich.console import Console
 
 from dew import cli
-from dew.train.runlog import _Display
+from dew.train.runlog import ProgressDisplay
 
 
 def test_progress_says_the_first_step_compiles_then_shows_seconds_per_step_and_an_eta():
     out = io.StringIO()
-    display = _Display(30, 0, Console(file=out, force_terminal=False))
+    display = ProgressDisplay(30, 0, Console(file=out, force_terminal=False))
     display.begin()
     row = {"reward": 0.5, "loss": 1.0, "time": 1.0}
     display.update({**row, "step": 1, "steps_per_s": 1 / 90})  # the compiling step
     display.update({**row, "step": 2, "steps_per_s": 1 / 20})
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("step 0/30  compiling the sampler and the update")
-    assert "90.0 s/step, ETA 43m30s" in lines[1]  # only the first step: its own pace
+    assert "90.0 s compiling, no ETA yet" in lines[1]  # the first step tells no pace
+    assert "s/step" not in lines[1]
     assert "20.0 s/step, ETA 9m20s" in lines[2]  # the steps after the first, for the 28 left
 
 

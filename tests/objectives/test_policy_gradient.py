@@ -420,14 +420,14 @@ def test_an_objective_on_fixed_completions_keeps_the_models_own_log_probs():
     """SFT and DPO sample at --temperature only to measure the reward: their update's log-probs
     stay at temperature 1; an RL objective's are at the rollout's."""
     from dew.objectives.sft import SFT
-    from dew.train.update import _update_temperature
+    from dew.train.update import update_temperature
 
     config = TrainConfig().replace(temperature=0.7)
-    assert _update_temperature(config, SFT()) == 1.0
-    assert _update_temperature(config, load_objective("dpo")) == 1.0
-    assert _update_temperature(config, load_objective("grpo")) == 0.7
+    assert update_temperature(config, SFT()) == 1.0
+    assert update_temperature(config, load_objective("dpo")) == 1.0
+    assert update_temperature(config, load_objective("grpo")) == 0.7
     dapo = load_objective("grpo", {"dynamic_sampling": True})
-    assert _update_temperature(config, dapo) == 0.7
+    assert update_temperature(config, dapo) == 0.7
 
 
 def test_clip_cov_draws_from_a_key_of_the_batch_so_a_resumed_run_draws_the_same(fixed):

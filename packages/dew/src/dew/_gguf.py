@@ -87,7 +87,8 @@ class TensorInfo:
 
 @dataclasses.dataclass(frozen=True)
 class GGUFFile:
-    """A parsed GGUF file: its metadata, its tensors by Hugging Face key, and its bytes mapped."""
+    """A parsed GGUF file: its metadata, its tensors by Hugging Face key (by their GGUF name
+    where Dew's llama has none), and its bytes mapped."""
 
     path: Path
     metadata: dict[str, Any]
@@ -173,9 +174,8 @@ def read_gguf(path: Path) -> GGUFFile:
                 f"{path}: truncated: tensor {name!r} ends at byte {base + offset + size}, "
                 f"the file has {len(data)}"
             )
-        key = _hf_name(name)
-        if key is not None:
-            tensors[key] = TensorInfo(name, shape, kind, base + offset, size)
+        # A tensor Dew has no key for keeps its GGUF name, so loading names it, never drops it.
+        tensors[_hf_name(name) or name] = TensorInfo(name, shape, kind, base + offset, size)
     return GGUFFile(path, metadata, tensors, data)
 
 

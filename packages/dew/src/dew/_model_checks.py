@@ -6,7 +6,9 @@ naming the file and the key or tensor at fault: a config that is not an object, 
 wrong type (`hidden_size: "32"`, `eos_token_id: []`, `rope_scaling` a string, llama3 rotary
 scaling without its factors), a quantized checkpoint (`quantization_config`, integer weights,
 `weight_scale` tensors), a dtype the loader does not convert (`I32` over float bytes), a missing
-tensor or one of the wrong shape. `dew train` calls it before the run folder is made, and
+tensor, one of the wrong shape, or one the architecture does not use (Qwen2's q/k/v biases under
+a `config.json` that says `mistral`), which loading would otherwise drop. `dew train` calls it
+before the run folder is made, and
 `dew.hf.load_policy` before reading a folder, so every command refuses the same files in one line.
 
 Reference: the safetensors format (`dtype` names); transformers 5.10 `configuration_llama.py`
@@ -15,6 +17,7 @@ Reference: the safetensors format (`dtype` names); transformers 5.10 `configurat
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from safetensors import SafetensorError, safe_open
 from dew._hf_format import CheckpointError, checkpoint_pieces, config_from_hf, family_of
 from dew.models.llama import ModelConfig, abstract
 
-__all__ = ["check_context", "check_model", "check_model_folder"]
+__all__ = ["check_context", "check_model", "check_model_folder", "check_tensors"]
 
 _INDEX = "model.safetensors.index.json"
 _POSITIVE_INTS = (
@@ -50,6 +53,9 @@ _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 """The safetensors dtypes the loader converts to the parameters' float dtype."""
 _QUANTIZED_NAMES = ("_scale", "_zero_point", "qweight", "qzeros", "scales", "g_idx")
 """Endings of the tensor names quantization formats add beside (or instead of) the weights."""
+_RECOMPUTED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+"""Rotary frequency buffers that transformers before 4.31 saved with the weights; they follow
+from the config, which both transformers and Dew compute them from."""
 
 
 def _read_object(path: Path) -> dict[str, Any]:
@@ -157,10 +163,11 @@ def _weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def _tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape from the files' headers; `CheckpointError` for one the loader
-    would misread: an integer or 8-bit float dtype, or a quantization format's extra tensors."""
-    shapes = {}
+def _tensor_shapes(files: list[Path]) -> tuple[dict[str, tuple[int, ...]], dict[str, Path]]:
+    """Each tensor's shape from the files' headers, and the file holding it; `CheckpointError`
+    for one the loader would misread: an integer or 8-bit float dtype, or a quantization
+    format's extra tensors."""
+    shapes, holders = {}, {}
     for file in files:
         try:
             with safe_open(file, framework="numpy") as handle:
@@ -177,15 +184,37 @@ def _tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
                             f"{file}: tensor {key!r} belongs to a quantized checkpoint; Dew "
                             "loads float weights"
                         )
-                    shapes[key] = tuple(tensor.get_shape())
+                    shapes[key], holders[key] = tuple(tensor.get_shape()), file
         except (SafetensorError, OSError) as error:
             raise CheckpointError(f"{file}: corrupt or truncated safetensors ({error})") from None
-    return shapes
+    return shapes, holders
 
 
-def _check_shapes(config: ModelConfig, shapes: dict[str, tuple[int, ...]], folder: Path) -> None:
-    """Every parameter of `config` in `shapes`, of its shape (checkpoint layout, a fused
-    tensor as tall as its parts together)."""
+def check_tensors(
+    config: ModelConfig,
+    shapes: dict[str, tuple[int, ...]],
+    source: Path,
+    *,
+    holders: dict[str, Path] | None = None,
+    besides: tuple[str, ...] = (),
+) -> None:
+    """Raise `CheckpointError` unless the checkpoint's tensors (`shapes`: key to shape) are
+    exactly those `config`'s architecture reads, each of its shape.
+
+    The shapes are in the checkpoint's layout, a fused tensor as tall as its parts together. A
+    tensor left over names the file holding it (`holders`, else `source`): loading would drop
+    it, and the model would compute something else than the checkpoint's. `besides` are keys
+    read apart (a reward model's `score.weight`). As transformers does, an `lm_head.weight`
+    beside tied embeddings is not read (the output projection is the embeddings), nor are the
+    rotary buffers older checkpoints hold.
+
+    Examples:
+      >>> from dew.models.registry import SIZES
+      >>> check_tensors(SIZES["tiny"], {}, Path("m"))
+      Traceback (most recent call last):
+      ...
+      dew._hf_format.CheckpointError: m: missing tensor 'model.embed_tokens.weight'
+    """
     from flax import nnx
 
     _, state = nnx.split(abstract(config))
@@ -198,11 +227,18 @@ def _check_shapes(config: ModelConfig, shapes: dict[str, tuple[int, ...]], folde
         implied[piece.key] = shape
     for key, want in implied.items():
         if key not in shapes:
-            raise CheckpointError(f"{folder}: missing tensor {key!r}")
-        if shapes[key] != want:
+            raise CheckpointError(f"{source}: missing tensor {key!r}")
+        if tuple(shapes[key]) != want:
             raise CheckpointError(
-                f"{folder}: tensor {key!r} has shape {list(shapes[key])}, the config implies "
+                f"{source}: tensor {key!r} has shape {list(shapes[key])}, the config implies "
                 f"{list(want)}"
+            )
+    ignored = {*besides, *(("lm_head.weight",) if config.tie_word_embeddings else ())}
+    for key in shapes:
+        if key not in implied and key not in ignored and not _RECOMPUTED.fullmatch(key):
+            raise CheckpointError(
+                f"{(holders or {}).get(key, source)}: tensor {key!r} is not part of the "
+                f"{family_of(config)} architecture the config describes; loading would drop it"
             )
 
 
@@ -222,7 +258,8 @@ def check_model_folder(folder: Path) -> ModelConfig:
     if generation.is_file():
         _check_token_ids(_read_object(generation), generation)
     config = config_from_hf(raw, str(config_file))
-    _check_shapes(config, _tensor_shapes(_weight_files(folder)), folder)
+    shapes, holders = _tensor_shapes(_weight_files(folder))
+    check_tensors(config, shapes, folder, holders=holders)
     return config
 
 

@@ -15,7 +15,6 @@ from dew.evaluation import evaluate, pass_at_k
 from dew.inference import export_run, load_run, model_run, sample_run
 from dew.models import CausalLM
 from dew.models.outputs import PolicyOutputs
-from dew.models.registry import resolve_model
 from dew.objective import Objective, available_objectives, load_objective
 from dew.rewards import Reward, RewardFunction, get_reward, math_answer
 from dew.rollout import (
@@ -42,6 +41,7 @@ from dew.tasks import (
 from dew.tokenizers import Tokenizer
 from dew.train import ConfigError, TrainConfig, TrainingError, TrainResult, train
 from dew.train.callbacks import Callback
+from dew.train.restore import resolve_model
 from dew.train.trainer import Trainer
 
 __all__ = [

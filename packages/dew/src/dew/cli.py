@@ -13,6 +13,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import math
 import os
 import re
 import shlex
@@ -22,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from dew.objective import _objective_class, available_objectives
+from dew.objective import available_objectives, objective_class
 from dew.options import flag_of
 
 __all__ = ["main"]
@@ -30,6 +31,21 @@ __all__ = ["main"]
 
 class _CommandError(Exception):
     """A user mistake on the command line; printed as one line, exit status 2."""
+
+
+def _about(flag: str, value: str, error: Exception) -> str:
+    """`error`'s message led by `flag value`, the value said once when the message starts with it.
+
+    Examples:
+      >>> _about("--run", "r", FileNotFoundError("r is not a run folder: it has no config.json"))
+      '--run r is not a run folder: it has no config.json'
+      >>> _about("--run", "r", FileNotFoundError("no intact checkpoint"))
+      '--run r: no intact checkpoint'
+    """
+    message = str(error)
+    if message.startswith((f"{value} ", f"{value}: ")):
+        return f"{flag} {message}"
+    return f"{flag} {value}: {message}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -200,12 +216,12 @@ def _add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
     A section's fields are flags of the same names (`rollout.top_p` is `--top-p`); booleans take
     `--name` and `--no-name`.
     """
-    from dew.train.config import _SECTIONS, TrainConfig
+    from dew.train.config import SECTIONS, TrainConfig
 
     described = _field_help(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
         if (
-            field.name in _SECTIONS
+            field.name in SECTIONS
             or field.name.endswith("_options")
             or field.name
             in (
@@ -216,7 +232,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, defaults) -> None:
         ):
             continue
         _add_field(parser, field.name, str, described[field.name], getattr(defaults, field.name))
-    for section, cls in _SECTIONS.items():
+    for section, cls in SECTIONS.items():
         described = _field_help(cls)
         hints = typing.get_type_hints(cls)
         group = parser.add_argument_group(f"{section} options")
@@ -430,20 +446,24 @@ def _parse_train(argv: list[str]):
     from dew.models.registry import SIZES
     from dew.train import TrainConfig
     from dew.train.config import CHECKPOINT_DEFAULTS
-    from dew.train.runlog import read_config
+    from dew.train.runlog import read_config, recorded_data
 
     defaults = TrainConfig()
     first = _Parser(prog="dew train", add_help=False)
     first.add_argument("--objective")
     first.add_argument("--out")
     first.add_argument("--resume", action="store_true")
+    first.add_argument("--data")
     known, _ = first.parse_known_args(argv)
     saved: dict[str, Any] = {}
     if known.resume:
         run_dir = Path(known.out) if known.out else _newest_run()
         try:
-            saved = TrainConfig.from_record(read_config(run_dir)).flat()
-        except FileNotFoundError as error:
+            record = read_config(run_dir)
+            saved = TrainConfig.from_record(record).flat()
+            if known.data is None:
+                saved["data"] = recorded_data(run_dir, record)
+        except (FileNotFoundError, ValueError) as error:
             raise _CommandError(f"--resume: {error}") from error
         saved["out"] = str(run_dir)
     name = known.objective or saved.get("objective") or defaults.objective
@@ -451,7 +471,7 @@ def _parse_train(argv: list[str]):
         raise _CommandError(
             f"unknown objective {name!r}; available: {', '.join(available_objectives()) or 'none'}"
         )
-    cls = _objective_class(name)
+    cls = objective_class(name)
     try:
         args = vars(_train_parser(cls, defaults).parse_args(argv))
     except argparse.ArgumentError as error:
@@ -479,16 +499,16 @@ def _absolute_model(model: str) -> str:
       >>> _absolute_model("tiny"), Path(_absolute_model("tests/core/hf/qwen2")).is_absolute()
       ('tiny', True)
     """
-    from dew.models.registry import _PACKAGED, SIZES
+    from dew.models.registry import PACKAGED, SIZES
 
-    if model in SIZES or model in _PACKAGED or not Path(model).exists():
+    if model in SIZES or model in PACKAGED or not Path(model).exists():
         return model
     return str(Path(model).absolute())
 
 
 def _check_unlocked(out: str | None) -> None:
     """`_CommandError` when another process writes run folder `out` (checked again on start)."""
-    from dew.train._folder import check_unlocked
+    from dew.train.runs import check_unlocked
 
     try:
         check_unlocked(Path(out)) if out else None
@@ -545,14 +565,16 @@ def _command_train(argv: list[str]) -> int:
 def _interrupted(run_dir: Path) -> str:
     """The line a stopped run ends with: what is kept, and the command that continues it.
 
+    A run stopped before it finished a step saved nothing: `--resume` starts it again.
+
     Examples:
-      >>> _interrupted(Path("tests"))
-      'dew: interrupted before the first checkpoint; nothing to resume in tests'
+      >>> print(_interrupted(Path("r")))
+      dew: interrupted before any checkpoint; start it again with: dew train --resume --out r
     """
     saved = (run_dir / "checkpoints").glob("*")
-    if not any(step.name.isdigit() for step in saved):  # Orbax's finished saves, by step
-        return f"dew: interrupted before the first checkpoint; nothing to resume in {run_dir}"
     command = f"dew train --resume --out {shlex.quote(str(run_dir))}"
+    if not any(step.name.isdigit() for step in saved):  # Orbax's finished saves, by step
+        return f"dew: interrupted before any checkpoint; start it again with: {command}"
     return f"dew: interrupted; the last checkpoint is kept; continue with: {command}"
 
 
@@ -568,7 +590,9 @@ def _command_sample(argv: list[str]) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="a run folder: its policy at the latest checkpoint")
     source.add_argument(
-        "--model", help="a built-in model, smollm2, a checkpoint folder or a .gguf file"
+        "--model",
+        help="a built-in model, smollm2, a checkpoint folder, a .gguf file or a Hugging Face "
+        "Hub model (org/name)",
     )
     parser.add_argument("--task", default="reverse", help="the task, with --model")
     parser.add_argument("--n", type=int, default=5, help="how many prompts (default: 5)")
@@ -588,7 +612,7 @@ def _command_sample(argv: list[str]) -> int:
         _tell(f"loading {args.run or args.model}")
         run = load_run(args.run) if args.run else model_run(args.model, config)
     except (FileNotFoundError, ValueError) as error:
-        raise _CommandError(f"--run {args.run}: {error}" if args.run else str(error)) from error
+        raise _CommandError(_about("--run", args.run, error) if args.run else str(error)) from error
     if args.run:
         print(f"run {args.run}, step {run.step}, task {run.task.name}")
     else:
@@ -605,14 +629,17 @@ def _eval_parser() -> argparse.ArgumentParser:
         prog="dew eval",
         parents=[_process_parser()],
         description="Evaluate a run's policy (a run folder) or a model on a task's held-out "
-        "examples: mean reward, pass@1, pass@k, maj@k and completion length.",
+        "examples: mean reward and each reward function's, pass@1 (a completion passes when "
+        "the first reward function gives it 1 or more), pass@k, maj@k and completion length; "
+        "for episodes, the mean turns and tool calls.",
         exit_on_error=False,
     )
     parser.add_argument(
         "--model",
         required=True,
         help="a run folder (its latest checkpoint, on its task unless --task or --data), a "
-        "built-in model, smollm2, a checkpoint folder or a .gguf file",
+        "built-in model, smollm2, a checkpoint folder, a .gguf file or a Hugging Face Hub model "
+        "(org/name)",
     )
     parser.add_argument("--task", help="the task (default: the run's, else reverse)")
     parser.add_argument(
@@ -633,6 +660,17 @@ def _eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--system-prompt", help="a system message (chat templates only)")
     parser.add_argument("--max-new-tokens", type=int, help="(default: the task's)")
+    parser.add_argument(
+        "--max-turns",
+        type=int,
+        help="assistant turns per episode with --tool or --environment (default: the run's, "
+        "else 4)",
+    )
+    parser.add_argument(
+        "--max-episode-tokens",
+        type=int,
+        help="tokens per episode after the prompt (default: the run's, else 512)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
     parser.add_argument("--out", help="also append the metrics as a JSON line to this file")
     return parser
@@ -675,6 +713,9 @@ def _command_eval(argv: list[str]) -> int:
         raise _CommandError(str(error)) from error
     if args["k"] < 1 or args["prompts"] < 1 or args["temperature"] < 0:
         raise _CommandError("--k and --prompts must be >= 1 and --temperature >= 0")
+    for name in ("max_turns", "max_episode_tokens"):
+        if args[name] is not None and args[name] < 1:
+            raise _CommandError(f"{_flag(name)} must be at least 1, got {args[name]}")
     if args["out"]:
         _check_appendable(Path(args["out"]))
     import contextlib
@@ -684,26 +725,36 @@ def _command_eval(argv: list[str]) -> int:
 
     from dew.evaluation import evaluate
     from dew.inference import load_run, model_run
+    from dew.rollout.episode import EpisodeError
     from dew.train import TrainConfig
-    from dew.train.config import _make_rollouts
-    from dew.train.runlog import read_config
+    from dew.train.config import make_rollouts
+    from dew.train.runlog import read_config, recorded_data
 
     model = args.pop("model")
     is_run = (Path(model) / "config.json").is_file() and (Path(model) / "checkpoints").is_dir()
     try:
-        saved = TrainConfig.from_record(read_config(model)).flat() if is_run else {}
+        record = read_config(model) if is_run else {}
+        saved = TrainConfig.from_record(record).flat() if is_run else {}
         values = {k: v for k, v in saved.items() if not k.endswith("_options")}
         values.update(_task_values(args, saved))
         if args["task"] or args["data"]:
             values.update(task=args["task"] or "reverse", data=args["data"])
-        for name in ("system_prompt", "max_new_tokens", "environment"):
+        elif is_run:
+            values["data"] = recorded_data(model, record)
+        for name in (
+            "system_prompt",
+            "max_new_tokens",
+            "environment",
+            "max_turns",
+            "max_episode_tokens",
+        ):
             if args[name] is not None:
                 values[name] = args[name]
         config = TrainConfig().replace(**values)
         _tell(f"loading {model}")
         run = load_run(model, config=config) if is_run else model_run(model, config, args["seed"])
         # An evaluation plays its episodes' turns together, exact whatever the run sampled ahead.
-        with contextlib.closing(_make_rollouts(config.replace(max_staleness=0))) as rollouts:
+        with contextlib.closing(make_rollouts(config.replace(max_staleness=0))) as rollouts:
             metrics = evaluate(
                 run.graphdef,
                 run.params,
@@ -715,7 +766,7 @@ def _command_eval(argv: list[str]) -> int:
                 progress=_tell,
                 rollouts=rollouts,
             )
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, EpisodeError) as error:
         raise _CommandError(str(error)) from error
     where = f"run {model}, step {run.step}" if is_run else f"model {model}"
     print(f"{where}, task {run.task.name}, k={args['k']}, temperature {args['temperature']}")
@@ -740,6 +791,18 @@ def _command_export(argv: list[str]) -> int:
     parser.add_argument("--run", help="a run folder (required)")
     parser.add_argument("--out", help="the folder to write, new or empty (required)")
     parser.add_argument("--step", type=int, help="the checkpoint (default: the newest)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="the dtype the tensors are written in (default: the policy's own, float32 for a "
+        "trained run; bfloat16 halves the files)",
+    )
+    parser.add_argument(
+        "--adapters",
+        action="store_true",
+        help="write a LoRA run's adapters alone, as a PEFT adapter folder over its --model, "
+        "instead of the merged model",
+    )
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as error:
@@ -754,9 +817,14 @@ def _command_export(argv: list[str]) -> int:
 
     try:
         lora = read_config(args.run).get("lora", {}).get("lora_rank", 0)
-        step = _export_whole(args.run, out, args.step)
+        if args.adapters and not lora:
+            raise _CommandError(
+                f"--adapters: {args.run} was trained without LoRA (--lora-rank 0), so it has no "
+                "adapters; export it whole, without --adapters"
+            )
+        step = _export_whole(args.run, out, args.step, dtype=args.dtype, adapters=args.adapters)
     except (FileNotFoundError, ValueError) as error:
-        raise _CommandError(f"--run {args.run}: {error}") from error
+        raise _CommandError(_about("--run", args.run, error)) from error
     except OSError as error:
         print(
             f"dew: could not write {out}: {error.strerror or error}; nothing written",
@@ -764,12 +832,15 @@ def _command_export(argv: list[str]) -> int:
         )
         return 1
     merged = f", LoRA rank {lora} merged" if lora else ""
+    if args.adapters:
+        merged = f", its LoRA rank {lora} adapters alone"
     print(f"wrote {out}: {args.run} at step {step}{merged}")
     return 0
 
 
-def _export_whole(run_dir: str, out: Path, step: int | None) -> int:
-    """`export_run` into a new folder beside `out`, renamed to `out` once complete; the step.
+def _export_whole(run_dir: str, out: Path, step: int | None, **options) -> int:
+    """`export_run` (with `options`) into a new folder beside `out`, renamed to `out` once
+    complete; the step.
 
     A write that fails (a full disk, a folder that refuses files) raises `OSError` and leaves
     nothing behind: the partial folder is removed, `out` is as it was.
@@ -785,7 +856,7 @@ def _export_whole(run_dir: str, out: Path, step: int | None) -> int:
     try:
         partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
         try:
-            step = export_run(run_dir, partial, step)
+            step = export_run(run_dir, partial, step, **options)
             partial.chmod(0o755)  # mkdtemp's folder is the user's alone; an export is not
             partial.replace(out)  # onto a missing or empty `out`, in one step
         except BaseException as error:
@@ -806,13 +877,14 @@ def _command_chat(argv: list[str]) -> int:
 
     With a message as argument, its answer alone; otherwise the user's turns are read from
     stdin, one a line, until end of input or `exit`, each answered with the conversation so far.
-    Messages are rendered with the model's chat template (its default system prompt included)
-    and each answer is printed as it is decoded, until the template's end-of-turn token. With
-    `--tool`s the model's tool calls are run and the answer continues after their results
-    (`dew.inference.agent_reply`); with `--environment` the class is made once, its `reset`
-    takes the first message as `prompt`, and its observations answer the turns without calls
-    until its `step` returns None (with `--environment-tools` its public methods are tools as
-    well). Each tool result and observation is printed on its own line.
+    Messages are rendered with the model's chat template (its default system prompt included,
+    or `--system-prompt`'s system message first) and each answer is printed as it is decoded,
+    until the template's end-of-turn token. With `--tool`s the model's tool calls are run and
+    the answer continues after their results (`dew.inference.agent_reply`); with
+    `--environment` the class is made once, its `reset` takes the first message as `prompt`,
+    and its observations answer the turns without calls until its `step` returns None (with
+    `--environment-tools` its public methods are tools as well). Each tool result and
+    observation is printed on its own line.
     """
     parser = _Parser(
         prog="dew chat",
@@ -825,12 +897,16 @@ def _command_chat(argv: list[str]) -> int:
     parser.add_argument(
         "--model",
         default="smollm2",
-        help="a model name, a Hugging Face model folder, a run folder or a .gguf file "
-        "(default: smollm2)",
+        help="a model name, a Hugging Face model folder or Hub model (org/name), a run folder "
+        "or a .gguf file (default: smollm2)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="(default: 256)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    parser.add_argument(
+        "--system-prompt",
+        help="a system message before the conversation (default: the chat template's own)",
+    )
     parser.add_argument(
         "--tool",
         dest="tools",
@@ -871,7 +947,7 @@ def _command_chat(argv: list[str]) -> int:
     from dew.inference import chat_reply
 
     policy, tokenizer, turns = _chat_model(args)
-    messages: list[dict[str, str]] = []
+    messages = _system_messages(args.system_prompt)
     for number, text in enumerate(turns):
         messages.append({"role": "user", "content": text})
         pieces = chat_reply(
@@ -901,11 +977,11 @@ def _agent_chat(args: argparse.Namespace) -> int:
     from dew import inference
     from dew.rollout.episode import environment_methods
     from dew.tools import ToolError, json_schema, load_tool
-    from dew.train.config import _load_environment
+    from dew.train.config import load_environment
 
     try:
         tools = [load_tool(spec) for spec in args.tools]
-        environment = None if args.environment is None else _load_environment(args.environment)
+        environment = None if args.environment is None else load_environment(args.environment)
     except ValueError as error:
         raise _CommandError(str(error)) from error
     methods = environment_methods(environment) if args.environment_tools else []
@@ -915,7 +991,7 @@ def _agent_chat(args: argparse.Namespace) -> int:
     except ToolError as error:
         raise _CommandError(f"--environment {args.environment!r}: {error}") from error
     policy, tokenizer, turns = _chat_model(args)
-    messages: list[dict] = []
+    messages = _system_messages(args.system_prompt)
     game, episode_tools = None, tools
     for number, text in enumerate(turns):
         if environment is not None and game is None:
@@ -943,6 +1019,11 @@ def _agent_chat(args: argparse.Namespace) -> int:
             print("dew: the environment ended the episode", file=sys.stderr)
             return 0
     return 0
+
+
+def _system_messages(system_prompt: str | None) -> list[dict]:
+    """A chat's first messages: `--system-prompt`'s system message, when given."""
+    return [{"role": "system", "content": system_prompt}] if system_prompt else []
 
 
 def _environment_start(game: Any, spec: str, text: str) -> list[dict]:
@@ -1041,13 +1122,14 @@ def _command_runs(argv: list[str]) -> int:
     for column in columns:
         table.add_column(column, justify="right" if column in ("steps", "reward") else "left")
     for run in list_runs(args.folder):
+        no_reward = "failed" if run.status == "failed" else "-"  # no step, or not finite
         table.add_row(
             run.name,
             run.model,
             run.task,
             run.objective,
             f"{run.steps_done}/{run.steps}",
-            f"{run.reward:.3f}",
+            no_reward if math.isnan(run.reward) else f"{run.reward:.3f}",
             "-" if run.pass_at_1 != run.pass_at_1 else f"{run.pass_at_1:.3f}",
             run.status,
         )
@@ -1057,7 +1139,7 @@ def _command_runs(argv: list[str]) -> int:
 
 def _chat_model(args):
     """`dew chat`'s policy, tokenizer (its chat template checked) and the user's turns."""
-    from dew.models.registry import resolve_model
+    from dew.train.restore import resolve_model
 
     _tell(f"loading {args.model}")
     try:

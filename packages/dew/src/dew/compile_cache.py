@@ -12,10 +12,11 @@ It holds two kinds of program:
   call took 0.6 s and the sampler's 0.18 s instead of 0.48 s (2 cores).
 
 Loading a kept program is itself XLA's work, not Python's (0.17 s for the default update, 0.26 s
-for its three programs): `_preload` does it on a thread of its own while the run builds its
+for its three programs): `preload_programs` does it on a thread of its own while the run builds its
 policy, for the programs the last run of the same settings used.
 """
 
+import collections
 import contextlib
 import functools
 import hashlib
@@ -30,13 +31,25 @@ from typing import Any
 
 import platformdirs
 
-__all__ = ["KeptProgram", "default_cache_dir", "program_identity", "use_compile_cache"]
+from dew.programs import watch_mappings
+
+__all__ = [
+    "SIGNATURES",
+    "KeptProgram",
+    "default_cache_dir",
+    "preload_programs",
+    "program_identity",
+    "use_compile_cache",
+]
+
+SIGNATURES = 8
+"""How many argument signatures (shapes, dtypes, layouts) a `KeptProgram` keeps programs for."""
 
 _programs: Path | None = None
 """The folder of kept programs while the compile cache is on, else None."""
 
 _preloads: "_Preloads | None" = None
-"""The programs `_preload` loads for this process's run, and the ones it used so far."""
+"""The programs `preload_programs` loads for this process's run, and the ones it used so far."""
 
 _SERIALIZING = threading.Lock()
 """Held while an executable is serialized or loaded: the preloading thread loads programs while
@@ -128,14 +141,14 @@ class KeptProgram:
     With the cache off (`use_compile_cache(False)`), or under a transformation (traced
     arguments), or with `identity` None (`program_identity`), a call is `jitted`'s. With the
     cache on, the first call with new argument shapes loads the compiled program from
-    `dew-programs/<key>` or, when there is none, compiles it afresh (`_fresh_compiles`) and
-    writes it there (`jax.experimental.serialize_executable`); later calls with those shapes
-    reuse it. The key
-    hashes `name`, `identity`, the arguments' tree, shapes, dtypes and shardings, the devices,
-    `XLA_FLAGS`, JAX's tracing settings, the versions of JAX, jaxlib, Flax and optax and every
-    source file of the `dew` packages. A file that does not load is compiled again and
-    replaced; one that cannot be written is skipped. One process of a run of several keeps
-    nothing: the programs are compiled across them.
+    `dew-programs/<key>` or, when there is none, compiles it and writes it there
+    (`jax.experimental.serialize_executable`); later calls with those shapes reuse it, the
+    `SIGNATURES` most recently used kept. The key hashes `name`, `identity`, the arguments'
+    tree, shapes, dtypes and shardings, the devices, `XLA_FLAGS`, JAX's tracing settings, the
+    versions of JAX, jaxlib, Flax and optax and every source file of the `dew` packages. A file
+    that does not load is compiled again and replaced; one that cannot be written is skipped; a
+    compile that JAX's own cache served is used and not written (`_compiled_fresh`). One process
+    of a run of several keeps nothing: the programs are compiled across them.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -146,7 +159,8 @@ class KeptProgram:
 
     def __init__(self, jitted: Callable, name: str, identity: str | None):
         self.jitted, self.name, self.identity = jitted, name, identity
-        self.compiled: dict[tuple, Any] = {}
+        self.compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()  # a sampler ahead calls from its own thread
 
     def __call__(self, *args):
         import jax
@@ -161,9 +175,15 @@ class KeptProgram:
         ):
             return self.jitted(*args)
         signature = (tree, tuple(map(_leaf_signature, leaves)))
-        compiled = self.compiled.get(signature)
-        if compiled is None:
-            compiled = self.compiled[signature] = self._load_or_compile(folder, signature, args)
+        with self._lock:
+            compiled = self.compiled.get(signature)
+            if compiled is None:
+                compiled = self._load_or_compile(folder, signature, args)
+                self.compiled[signature] = compiled
+                while len(self.compiled) > SIGNATURES:
+                    self.compiled.popitem(last=False)
+            else:
+                self.compiled.move_to_end(signature)
         return compiled(*args)
 
     def _load_or_compile(self, folder: Path, signature: tuple, args):
@@ -183,9 +203,11 @@ class KeptProgram:
             return _loaded(path.read_bytes())
         except Exception:  # absent, truncated or from an older layout: compile it again
             pass
-        with _fresh_compiles():
-            # Compiler options make it a new executable, not one this process compiled before.
-            compiled = self.jitted.lower(*args).compile(_FRESH)
+        watch_mappings()
+        compiled, served = _compiled_fresh(self.jitted, args)
+        if served or path in _unkept:
+            _unkept.add(path)  # and the same executable may come back from JAX's memory
+            return compiled
         # A cache that cannot be written costs the next run its compiling, nothing else.
         with _SERIALIZING:
             kept = pickle.dumps(serialize_executable.serialize(compiled))
@@ -210,7 +232,7 @@ def _loaded(kept: bytes):
         return serialize_executable.deserialize_and_load(*pickle.loads(kept))
 
 
-def _preload(context: str) -> None:
+def preload_programs(context: str) -> None:
     """Start loading the kept programs that the last run of `context` used, on a thread.
 
     `context` names what fixes a run's programs (the trainer passes its settings, less the run
@@ -221,6 +243,11 @@ def _preload(context: str) -> None:
     run of several processes (which keep nothing), it does nothing. The default `dew train`
     reached its first step 0.15-0.2 s sooner (2 cores: the thread loads while the main one
     builds the policy).
+
+    Examples:
+      >>> use_compile_cache(False)
+      >>> preload_programs("dew train --model tiny")  # the cache off: nothing to load
+      >>> _ = use_compile_cache()
     """
     import jax
 
@@ -274,24 +301,40 @@ _FRESH = {"xla_embed_ir_in_executable": False}
 """XLA's default, passed so that `compile` builds an executable rather than reuse one."""
 
 
-@contextlib.contextmanager
-def _fresh_compiles():
-    """A block in which JAX's persistent cache neither serves nor keeps programs.
+_served = threading.local()
+"""Per thread, while `_compiled_fresh` compiles: how many compiles JAX's cache served."""
+
+_unkept: set[Path] = set()
+"""Kept programs' paths whose executable came from JAX's cache: never written by this process."""
+
+
+def _compiled_fresh(jitted: Callable, args: tuple) -> tuple[Any, bool]:
+    """`jitted` compiled for `args`, and whether JAX's persistent cache served it.
 
     An executable JAX loaded from its cache serializes without some of its functions (XLA:CPU,
-    jaxlib 0.10: the loaded copy then fails with "Function ... not found").
+    jaxlib 0.10: the loaded copy then fails with "Function ... not found"), so such a program
+    is used but not kept. JAX reports a cache hit on the thread that compiles
+    (`jax.monitoring`), so a sampler thread and the learner compiling at once each see their
+    own hits, and no process-wide setting is changed.
     """
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache
-
-    enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()  # JAX decides whether to use its cache once, then remembers
+    _listen()
+    _served.count = 0
     try:
-        yield
+        # Compiler options make it a new executable, not one this process compiled before.
+        return jitted.lower(*args).compile(_FRESH), _served.count > 0
     finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
-        compilation_cache.reset_cache()
+        del _served.count
+
+
+@functools.cache
+def _listen() -> None:
+    from jax import monitoring
+
+    def count_served(event: str, **_) -> None:
+        if event == "/jax/compilation_cache/cache_hits" and hasattr(_served, "count"):
+            _served.count += 1
+
+    monitoring.register_event_listener(count_served)
 
 
 def _leaf_signature(leaf) -> tuple:

@@ -87,17 +87,23 @@ def _draws(examples: list, k: int) -> list[tuple[list, int]]:
 
 def _judged(sampled: Rollout, prompter: Prompter, k: int, prompts: int) -> dict[str, np.ndarray]:
     """The rewards, correctness, stated answers and lengths of the first `prompts` prompts' `k`
-    completions each, `[prompts, k]`."""
+    completions each, `[prompts, k]`; each reward function's scores as `reward/<name>`, and an
+    episode's `turns` and `tool_calls` when the completions are episodes."""
     first = sampled.reward_parts[prompter.rewards[0].name]
     extract = _extractor(prompter)
     answers = [extract(text) for text in sampled.texts(prompter)]
     rows = prompts * k
-    return {
-        "rewards": np.asarray(sampled.rewards)[:rows].reshape(prompts, k),
-        "correct": (np.nan_to_num(first, nan=0.0) >= 1.0)[:rows].reshape(prompts, k),
-        "answers": np.array(answers, dtype=object)[:rows].reshape(prompts, k),
-        "lengths": np.asarray(sampled.completion_mask).sum(1)[:rows].reshape(prompts, k),
+    judged = {
+        "rewards": np.asarray(sampled.rewards),
+        "correct": np.nan_to_num(first, nan=0.0) >= 1.0,
+        "answers": np.array(answers, dtype=object),
+        "lengths": np.asarray(sampled.completion_mask).sum(1),
+        **{f"reward/{name}": np.asarray(part) for name, part in sampled.reward_parts.items()},
     }
+    if sampled.episodes is not None:
+        judged["turns"] = np.array([episode.turns for episode in sampled.episodes])
+        judged["tool_calls"] = np.array([episode.tool_calls for episode in sampled.episodes])
+    return {name: values[:rows].reshape(prompts, k) for name, values in judged.items()}
 
 
 def evaluate(
@@ -115,14 +121,18 @@ def evaluate(
 ) -> dict[str, float]:
     """The evaluation metrics of the policy on up to `prompts` held-out examples, `k` samples each.
 
-    Keys: `eval/reward` (the mean weighted reward), `eval/pass@1`, `eval/pass@k` (with k's
-    value, e.g. `eval/pass@4`), `eval/maj@k`, `eval/completion_tokens`, `eval/prompts`.
-    Held-out prompts over the prompter's width are left out. At `temperature` 0 the `k`
-    completions are one greedy completion repeated. `rollouts` says how prompts become scored
-    rollouts (one turn by default); an episode's answer is its last turn. Completions are
-    sampled `_ROWS_PER_DRAW` at a time (the first draw with `key`, draw i with
-    `fold_in(key, i)`); `progress`, when given, is told as each draw starts and when all are
-    scored, as one line of text.
+    Keys: `eval/reward` (the mean weighted reward), `eval/reward/<name>` (each reward
+    function's mean unweighted score, None scores left out), `eval/pass@1`, `eval/pass@k`
+    (with k's value, e.g. `eval/pass@4`), `eval/maj@k`, `eval/completion_tokens`,
+    `eval/turns` and `eval/tool_calls` (means per episode, when the rollouts are episodes),
+    `eval/prompts`. A completion passes when the prompter's first reward function gives it 1
+    or more (None counts as 0), whatever the other functions give: pass@1 is the fraction of
+    completions that pass, averaged over prompts. Held-out prompts over the prompter's width
+    are left out. At `temperature` 0 the `k` completions are one greedy completion repeated.
+    `rollouts` says how prompts become scored rollouts (one turn by default); an episode's
+    answer is its last turn. Completions are sampled `_ROWS_PER_DRAW` at a time (the first
+    draw with `key`, draw i with `fold_in(key, i)`); `progress`, when given, is told as each
+    draw starts and when all are scored, as one line of text.
 
     Examples:
       >>> from dew.models.llama import build
@@ -134,7 +144,7 @@ def evaluate(
       ...                    prompts=4, k=2, temperature=1.0, key=jax.random.key(0))
       >>> sorted(metrics)  # doctest: +NORMALIZE_WHITESPACE
       ['eval/completion_tokens', 'eval/maj@2', 'eval/pass@1', 'eval/pass@2', 'eval/prompts',
-       'eval/reward']
+       'eval/reward', 'eval/reward/answer_credit']
     """
     examples = [e for e in prompter.task.heldout(prompts) if prompter.count(e) <= prompter.width]
     if not examples:
@@ -164,12 +174,23 @@ def evaluate(
         pending, sampled = (drawn, real), sampled + real * k
     judged.append(_judged(pending[0].scored(), prompter, k, pending[1]))
     tell(f"scored {total} completions")
+    joined = {name: np.concatenate([part[name] for part in judged]) for name in judged[0]}
     rewards, correct, answers, lengths = (
-        np.concatenate([part[name] for part in judged])
-        for name in ("rewards", "correct", "answers", "lengths")
+        joined[name] for name in ("rewards", "correct", "answers", "lengths")
     )
+    parts = {  # as the training rows' `reward/<name>`: a function that judged nothing is left out
+        f"eval/{name}": float(np.nanmean(values))
+        for name, values in joined.items()
+        if name.startswith("reward/") and not np.isnan(values).all()
+    }
+    episodes = {
+        f"eval/{name}": float(joined[name].mean())
+        for name in ("turns", "tool_calls")
+        if name in joined
+    }
     return {
         "eval/reward": float(rewards.mean()),
+        **parts,
         "eval/pass@1": float(np.mean([pass_at_k(k, int(c), 1) for c in correct.sum(1)])),
         f"eval/pass@{k}": float(np.mean([pass_at_k(k, int(c), k) for c in correct.sum(1)])),
         f"eval/maj@{k}": float(
@@ -178,5 +199,6 @@ def evaluate(
             )
         ),
         "eval/completion_tokens": float(lengths.mean()),
+        **episodes,
         "eval/prompts": float(len(examples)),
     }

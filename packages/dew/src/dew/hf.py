@@ -11,8 +11,9 @@
   `tokenizer_config.json`) or in the GGUF file's metadata.
 
 Every file is checked before any weight is read: the configuration, each tensor's presence and
-shape against the architecture. A problem is one `CheckpointError` naming the file and the key or
-limit, and nothing half-loaded is returned. Tensors are read one at a time into the model's
+shape against the architecture, and no tensor left over that the architecture does not use
+(`dew._model_checks.check_tensors`). A problem is one `CheckpointError` naming the file and the
+key or limit, and nothing half-loaded is returned. Tensors are read one at a time into the model's
 parameters, so loading holds the parameters once plus one tensor in flight.
 
 Reference: transformers 5.10 `modeling_utils.py` (`save_pretrained`: shard names, index,
@@ -21,6 +22,7 @@ Reference: transformers 5.10 `modeling_utils.py` (`save_pretrained`: shard names
 
 import dataclasses
 import json
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,7 +43,7 @@ from dew._hf_format import (
     config_to_hf,
     family_of,
 )
-from dew._model_checks import check_model_folder
+from dew._model_checks import check_model_folder, check_tensors
 from dew.models import CausalLM
 from dew.models.llama import ModelConfig, abstract, value_head
 from dew.models.lora import LORA_MODULES, LoRALinear, merge_lora
@@ -92,14 +94,17 @@ def _assemble(
     shapes: dict[str, tuple[int, ...]],
     read: Callable[[str], jax.Array | np.ndarray],
     source: Path,
+    besides: tuple[str, ...] = (),
 ) -> CausalLM:
     """A `config` policy whose parameters are `read(key)` for each checkpoint key.
 
-    `shapes` gives every available key's shape (in the checkpoint's layout), so a missing tensor
-    or a wrong shape is reported before any tensor is read. The policy is built abstractly (no
-    weights allocated) and each parameter filled from one read; a fused tensor (Phi-3's
-    `qkv_proj`) is read once and each part sliced from it.
+    `shapes` gives every available key's shape (in the checkpoint's layout), so a missing tensor,
+    a wrong shape or a tensor the architecture does not use (other than the keys `besides`,
+    read apart) is reported before any tensor is read (`check_tensors`). The policy is built
+    abstractly (no weights allocated) and each parameter filled from one read; a fused tensor
+    (Phi-3's `qkv_proj`) is read once and each part sliced from it.
     """
+    check_tensors(config, shapes, source, besides=besides)
     graphdef, state = nnx.split(abstract(config))
     by_path = dict(nnx.to_flat_state(state))
     flat = {".".join(map(str, path)): variable for path, variable in by_path.items()}
@@ -109,15 +114,6 @@ def _assemble(
     for name, piece in pieces.items():
         by_key.setdefault(piece.key, []).append(name)
     for key, names in by_key.items():
-        if key not in shapes:
-            raise CheckpointError(f"{source}: missing tensor {key!r}")
-        want = _stored_shape([own[name] for name in names], pieces[names[0]].transposed)
-        if tuple(shapes[key]) != want:
-            raise CheckpointError(
-                f"{source}: tensor {key!r} has shape {list(shapes[key])}, the config implies "
-                f"{list(want)}"
-            )
-    for key, names in by_key.items():
         stored = np.asarray(read(key))
         for name in names:
             piece, variable = pieces[name], flat[name]
@@ -125,18 +121,6 @@ def _assemble(
             value = (value.T if piece.transposed else value).astype(variable.get_value().dtype)
             variable.set_value(jax.device_put(value))
     return nnx.merge(graphdef, nnx.from_flat_state(by_path))
-
-
-def _stored_shape(parts: list[tuple[int, ...]], transposed: bool) -> tuple[int, ...]:
-    """The checkpoint shape of a tensor holding Dew parameters of shapes `parts`, their rows
-    (after transposing) stacked.
-
-    Examples:
-      >>> _stored_shape([(4, 3), (4, 2)], transposed=True)
-      (5, 4)
-    """
-    stored = [part[::-1] if transposed else part for part in parts]
-    return (sum(part[0] for part in stored), *stored[0][1:])
 
 
 def _folder_config(folder: Path) -> tuple[ModelConfig, dict]:
@@ -260,13 +244,21 @@ def load_reward_model(path: str | Path, dtype: jax.typing.DTypeLike = jnp.float3
             f"{folder}: tensor 'score.weight' is {found and list(found)}, need {list(want)}"
         )
     config = dataclasses.replace(config, tie_word_embeddings=True, dtype=jnp.dtype(dtype).name)
-    backbone = _assemble(config, shapes, lambda key: handles[key].get_tensor(key), folder)
+    backbone = _assemble(
+        config, shapes, lambda key: handles[key].get_tensor(key), folder, besides=("score.weight",)
+    )
     head = nnx.Linear(config.hidden_size, 1, use_bias=False, param_dtype=dtype, rngs=nnx.Rngs(0))
     head.kernel.set_value(jnp.asarray(handles["score.weight"].get_tensor("score.weight").T, dtype))
     return RewardModel(backbone, head)
 
 
-def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_BYTES) -> None:
+def save_policy(
+    policy: CausalLM,
+    path: str | Path,
+    *,
+    shard_bytes: int = SHARD_BYTES,
+    dtype: jax.typing.DTypeLike | None = None,
+) -> None:
     """Write `policy` as a Hugging Face model folder at `path` (created if missing).
 
     LoRA adapters are merged first (`dew.models.lora.merge_lora`): the folder is a plain
@@ -276,8 +268,10 @@ def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_
     `shard_bytes`, as `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
     Tied embeddings are written once; projections the family's checkpoints fuse (Phi-3's
     `qkv_proj`) are joined. A value head is not part of the format and is left out.
-    `config.json` records the dtype the embeddings are stored in (a bfloat16 base with float32
-    adapters merges into bfloat16 weights).
+    The tensors are written in `dtype` (`bfloat16` halves a float32 policy's files), or, when
+    None, in the parameters' own; `config.json` records the dtype the embeddings are stored in
+    (a bfloat16 base with float32 adapters merges into bfloat16 weights). The files get the
+    permissions of any new file (the umask's), as `config.json` does.
 
     Examples:
       >>> import tempfile
@@ -289,22 +283,26 @@ def save_policy(policy: CausalLM, path: str | Path, *, shard_bytes: int = SHARD_
       >>> bool(jnp.array_equal(policy(tokens), again(tokens)))
       True
     """
-    config, tensors = _checkpoint_tensors(policy)
+    config, tensors = _checkpoint_tensors(policy, dtype)
     _write_checkpoint(Path(path), config_to_hf(config), config, tensors, shard_bytes)
 
 
-def _checkpoint_tensors(policy: CausalLM) -> tuple[ModelConfig, dict[str, jax.Array]]:
+def _checkpoint_tensors(
+    policy: CausalLM, dtype: jax.typing.DTypeLike | None = None
+) -> tuple[ModelConfig, dict[str, jax.Array]]:
     """The config `policy`'s checkpoint records (its embeddings' dtype) and its tensors by
-    Hugging Face key: LoRA merged, fused projections joined, a value head left out."""
+    Hugging Face key, in `dtype` (None: their own): LoRA merged, fused projections joined, a
+    value head left out."""
     policy = merge_lora(policy)
-    params = nnx.state(policy, nnx.Param)
-    stored = params["embed_tokens"]["embedding"].get_value().dtype
-    config = dataclasses.replace(policy.config, dtype=jnp.dtype(stored).name)
     values = {
         ".".join(map(str, names)): variable.get_value()
-        for names, variable in nnx.to_flat_state(params)
+        for names, variable in nnx.to_flat_state(nnx.state(policy, nnx.Param))
         if names[0] != "value_head"
     }
+    if dtype is not None:
+        values = {name: value.astype(dtype) for name, value in values.items()}
+    stored = values["embed_tokens.embedding"].dtype
+    config = dataclasses.replace(policy.config, dtype=jnp.dtype(stored).name)
     pieces = checkpoint_pieces(
         {name: value.shape for name, value in values.items()}, family_of(config)
     )
@@ -342,19 +340,35 @@ def _write_checkpoint(
     }
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     if len(shards) == 1:
-        save_file(shards[0], folder / "model.safetensors", metadata={"format": "pt"})
+        _save_safetensors(save_file, shards[0], folder / "model.safetensors")
         return
     weight_map = {}
     for number, shard in enumerate(shards, start=1):
         name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, folder / name, metadata={"format": "pt"})
+        _save_safetensors(save_file, shard, folder / name)
         weight_map |= dict.fromkeys(shard, name)
     index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
     (folder / _INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
 
+def _save_safetensors(save: Callable, tensors: dict, path: Path) -> None:
+    """`save(tensors, path)` with `format: pt` metadata, `path` given a new file's permissions.
+
+    safetensors makes its files readable by their owner alone (0600); the mode `path` is
+    created with here, under the umask, is the one the JSON files beside it get.
+    """
+    path.touch()
+    mode = stat.S_IMODE(path.stat().st_mode)
+    save(tensors, path, metadata={"format": "pt"})
+    path.chmod(mode)
+
+
 def save_reward_model(
-    model: RewardModel, path: str | Path, *, pad_token_id: int | None = None
+    model: RewardModel,
+    path: str | Path,
+    *,
+    pad_token_id: int | None = None,
+    dtype: jax.typing.DTypeLike | None = None,
 ) -> None:
     """Write `model` as a `*ForSequenceClassification` folder with one label at `path`.
 
@@ -362,6 +376,7 @@ def save_reward_model(
     head as `score.weight` `[1, hidden]`; `config.json` names the family's
     `*ForSequenceClassification` (`Qwen2ForSequenceClassification`), one label, and
     `pad_token_id` (default: the decoder's), by which transformers finds each row's last token.
+    The tensors are written in `dtype`, or their own when None.
     `load_reward_model` and `transformers.AutoModelForSequenceClassification` read it back to
     the same scores. `ValueError` when the head has a nonzero bias, which the format has no
     tensor for.
@@ -385,7 +400,7 @@ def save_reward_model(
         raise ValueError(
             "the score head has a nonzero bias, which *ForSequenceClassification lacks"
         )
-    config, tensors = _checkpoint_tensors(model.backbone)
+    config, tensors = _checkpoint_tensors(model.backbone, dtype)
     tensors.pop("lm_head.weight", None)
     tensors["score.weight"] = model.head.kernel.get_value().T.astype(
         tensors["model.norm.weight"].dtype
@@ -402,7 +417,13 @@ def save_reward_model(
     _write_checkpoint(Path(path), raw, config, tensors, SHARD_BYTES)
 
 
-def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None = None) -> None:
+def save_adapters(
+    policy: CausalLM,
+    path: str | Path,
+    *,
+    base_model: str | None = None,
+    dtype: jax.typing.DTypeLike | None = None,
+) -> None:
     """Write `policy`'s LoRA adapters alone in PEFT's layout at `path` (created if missing).
 
     `adapter_config.json` (`peft_type` LORA, `r`, `lora_alpha`, `target_modules`) and
@@ -410,7 +431,8 @@ def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None 
     `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` `[r, in]` and `lora_B.weight`
     `[out, r]` (Dew's `A` and `B` transposed), so peft and vLLM apply them to the base checkpoint
     as `W + (lora_alpha / r) B A`. `base_model` is recorded as `base_model_name_or_path`. A value
-    head is not part of the format and is left out.
+    head is not part of the format and is left out. The tensors are written in `dtype`, or the
+    adapters' own when None.
 
     Where the family's checkpoint fuses projections (Phi-3's `qkv_proj`, `gate_up_proj`), their
     adapters are saved as one adapter of the fused tensor: `A` the parts' `A`s stacked, `B` each
@@ -478,8 +500,11 @@ def save_adapters(policy: CausalLM, path: str | Path, *, base_model: str | None 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = {key: np.ascontiguousarray(value) for key, value in tensors.items()}
-    save_numpy(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    tensors = {
+        key: np.ascontiguousarray(value if dtype is None else value.astype(dtype))
+        for key, value in tensors.items()
+    }
+    _save_safetensors(save_numpy, tensors, folder / "adapter_model.safetensors")
 
 
 def _adapter_groups(policy: CausalLM, adapters: list) -> dict[str, tuple[int, list]]:

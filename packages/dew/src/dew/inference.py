@@ -2,7 +2,7 @@
 
 `export_run` writes a run's policy (LoRA adapters merged) as a Hugging Face folder, its
 tokenizer beside the weights. A run folder is also a model wherever one is taken
-(`--model runs/x`): `dew.models.registry.resolve_model` gives a `_RunModel` for it.
+(`--model runs/x`): `dew.train.restore.resolve_model` reads it.
 """
 
 import dataclasses
@@ -19,20 +19,16 @@ import numpy as np
 from flax import nnx
 
 from dew.models import CausalLM
-from dew.models.llama import ModelConfig, build
-from dew.models.lora import add_lora, merge_lora, trainable
-from dew.models.registry import ModelSource, resolve_model
+from dew.models.lora import has_lora
 from dew.models.reward import RewardModel
-from dew.objective import _objective_class
+from dew.objective import objective_class
 from dew.rollout import Prompter
 from dew.rollout.generate import Rollouts, SingleTurn
 from dew.tasks import Task
 from dew.tokenizers import DigitTokenizer, HFTokenizer, Tokenizer
-from dew.train._folder import check_base
-from dew.train._precision import cast_floating
-from dew.train.checkpoint import Checkpoints
-from dew.train.config import TrainConfig, _make_prompter, _resolve_task
-from dew.train.runlog import read_config
+from dew.train.config import TrainConfig, make_prompter, resolve_task
+from dew.train.restore import resolve_model, restored_policy, trained_on
+from dew.train.runlog import read_config, recorded_data
 
 __all__ = [
     "Run",
@@ -71,7 +67,7 @@ class Run:
 
 
 def _prompter(config: TrainConfig, tokenizer) -> Prompter:
-    return _make_prompter(config, _resolve_task(config), tokenizer)
+    return make_prompter(config, resolve_task(config), tokenizer)
 
 
 def load_run(
@@ -79,7 +75,8 @@ def load_run(
 ) -> Run:
     """The policy of `run_dir` at checkpoint `step` (default: the newest intact one).
 
-    The task and prompt options are the run's, or `config`'s when given.
+    The task and prompt options are the run's (its `--data` found as `recorded_data` finds it),
+    or `config`'s when given.
 
     `FileNotFoundError` when the folder is not a run, holds no intact checkpoint, or the model
     the run was trained on is gone, `ConfigError` when its `--model` is no longer the base it
@@ -99,100 +96,22 @@ def load_run(
     """
     run_dir = Path(run_dir)
     record = read_config(run_dir)
-    source = _trained_on(run_dir, record)
-    prompter = _prompter(config or TrainConfig.from_record(record), source.tokenizer())
-    graphdef, params, step = _restored(run_dir, record, source, step)
+    source = trained_on(run_dir, record)
+    if config is None:
+        config = TrainConfig.from_record(record).replace(data=recorded_data(run_dir, record))
+    prompter = _prompter(config, source.tokenizer())
+    graphdef, params, step = restored_policy(run_dir, record, source, step)
     return Run(graphdef, params, prompter, record, step)
 
 
-def _trained_on(run_dir: Path, record: dict[str, Any]) -> ModelSource:
-    """The model a recorded run was trained on, checked to be that base still;
-    `FileNotFoundError` naming the run when it is gone."""
-    try:
-        source = resolve_model(record["model"])
-    except ValueError as error:
-        raise FileNotFoundError(
-            f"{run_dir} was trained on --model {record['model']!r}, which is not there now "
-            f"({error})"
-        ) from None
-    check_base(run_dir, record)
-    return source
-
-
-def _restored(run_dir: Path, record: dict[str, Any], source: ModelSource, step: int | None):
-    """`(graphdef, params, step)` of the run's policy at checkpoint `step` (default: the newest).
-
-    Reads the weights alone: neither the task nor the reward functions are loaded. A folder
-    without `checkpoints/` is refused, not given an empty one.
-    """
-    if not (run_dir / "checkpoints").is_dir():
-        raise FileNotFoundError(f"{run_dir} holds no checkpoint (no checkpoints/ folder)")
-    graphdef, params, frozen = _policy_parts(record, source)
-    checkpoints = Checkpoints(run_dir / "checkpoints")
-    template = {"params": params}
-    try:
-        if step is None:
-            step, restored = checkpoints.restore_latest(template)
-            if step is None:
-                raise FileNotFoundError(f"{run_dir} holds no intact checkpoint")
-        else:
-            restored = checkpoints.restore(step, template)
-    finally:
-        checkpoints.close()
-    params = nnx.to_pure_dict(nnx.merge_state(restored["params"], frozen))
-    return graphdef, params, step
-
-
-@dataclasses.dataclass(frozen=True)
-class _RunModel(ModelSource):
-    """A run folder as a model: its newest checkpoint's policy, the base model's tokenizer.
-
-    The policy has its LoRA adapters merged.
-    """
-
-    def policy(self, seed: int = 0, *, value_head: bool = False) -> CausalLM:
-        run_dir = Path(self.path)
-        record = read_config(run_dir)
-        graphdef, params, _ = _restored(run_dir, record, _trained_on(run_dir, record), None)
-        policy = merge_lora(nnx.merge(graphdef, params))
-        if value_head and not policy.config.value_head:
-            from dew import hf
-
-            return hf.with_value_head(policy, seed)
-        return policy
-
-    def tokenizer(self) -> Tokenizer:
-        run_dir = Path(self.path)
-        return _trained_on(run_dir, read_config(run_dir)).tokenizer()
-
-    def checked(self) -> ModelConfig:
-        """The architecture of the run's base model, its files checked."""
-        run_dir = Path(self.path)
-        return _trained_on(run_dir, read_config(run_dir)).checked()
-
-
-def _policy_parts(config: dict[str, Any], source: ModelSource):
-    """A recorded run's policy as `(graphdef, trained params, frozen params)`, untrained.
-
-    A LoRA run's checkpoint holds its adapters alone: its base comes from `--model` and the
-    run's seed again, stored in the run's `--param-dtype`, with fresh adapters for the
-    checkpoint's to replace.
-    """
-    model_config = ModelConfig(**config["model_config"])
-    recorded = TrainConfig.from_record(config)
-    lora = recorded.lora
-    if not lora.lora_rank:
-        graphdef, params = nnx.split(build(model_config, 0))
-        return graphdef, cast_floating(nnx.to_pure_dict(params), "float32"), {}
-    seed = recorded.run.seed
-    policy = source.policy(seed, value_head=model_config.value_head)
-    policy = add_lora(policy, lora.lora_rank, lora.lora_alpha, lora.modules, seed)
-    graphdef, params, frozen = nnx.split(policy, trainable, ...)
-    frozen = cast_floating(nnx.to_pure_dict(frozen), recorded.precision.param_dtype)
-    return graphdef, cast_floating(nnx.to_pure_dict(params), "float32"), frozen
-
-
-def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> int:
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    *,
+    dtype: str | None = None,
+    adapters: bool = False,
+) -> int:
     """Write the policy of `run_dir` (at `step`, default the newest) as a Hugging Face folder.
 
     LoRA adapters are merged into the kernels (`dew.hf.save_policy`), and the tokenizer is
@@ -203,7 +122,11 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     modeling) is written as a `*ForSequenceClassification` folder instead
     (`dew.hf.save_reward_model`), which `dew.hf.load_reward_model` and transformers'
     `AutoModelForSequenceClassification` read. Only the weights are read: the run's task and
-    reward functions need not be importable. The step exported is returned.
+    reward functions need not be importable. The tensors are written in `dtype` (None: the
+    policy's own). With `adapters`, a LoRA run's adapters alone are written, as a PEFT adapter
+    folder over the run's `--model` (`dew.hf.save_adapters`), the tokenizer beside them;
+    `ValueError` for a run without LoRA or one that trains a score head, which the adapter
+    folder has no place for. The step exported is returned.
 
     Examples:
       >>> import shutil, tempfile
@@ -231,14 +154,21 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
 
     run_dir, out = Path(run_dir), Path(out)
     record = read_config(run_dir)
-    source = _trained_on(run_dir, record)
-    graphdef, params, step = _restored(run_dir, record, source, step)
+    source = trained_on(run_dir, record)
+    graphdef, params, step = restored_policy(run_dir, record, source, step)
     policy = nnx.merge(graphdef, params)
-    if _exports_score_head(record):
+    if adapters:
+        if not has_lora(policy):
+            raise ValueError(f"{run_dir} was trained without LoRA: it has no adapters to export")
+        if _exports_score_head(record):
+            raise ValueError(f"{run_dir} trains a score head, which an adapter folder cannot hold")
+        hf.save_adapters(policy, out, base_model=record["model"], dtype=dtype)
+    elif _exports_score_head(record):
         scorer = RewardModel(policy, policy.value_head)
-        hf.save_reward_model(scorer, out, pad_token_id=source.tokenizer().pad_token_id)
+        pad = source.tokenizer().pad_token_id
+        hf.save_reward_model(scorer, out, pad_token_id=pad, dtype=dtype)
     else:
-        hf.save_policy(policy, out)
+        hf.save_policy(policy, out, dtype=dtype)
     folder = source.path
     if folder is not None and (folder / "tokenizer.json").is_file():
         for name in _TOKENIZER_FILES:
@@ -253,7 +183,7 @@ def _exports_score_head(record: dict[str, Any]) -> bool:
     """Whether the run's objective trains its value head as a score head (`export_format`
     `sequence_classification`: reward modeling); False when the objective is not installed."""
     try:
-        objective = _objective_class(record.get("objective", ""))
+        objective = objective_class(record.get("objective", ""))
     except ValueError:
         return False
     return getattr(objective, "export_format", None) == "sequence_classification"
@@ -347,6 +277,7 @@ def sample_run(
     its `messages`, the whole conversation.
 
     Examples:
+      >>> from dew.models.llama import build
       >>> from dew.models.registry import SIZES
       >>> from dew.tasks import get_task
       >>> from dew.tokenizers import DIGITS
@@ -402,7 +333,8 @@ def chat_reply(
 
     The messages are rendered with the tokenizer's chat template (generation prompt added, the
     JSON schemas of `tools` shown to the model when given) and the answer decoded until the
-    template's end-of-turn token, which is not yielded. Unlike `dew.sampling.sample`, whose
+    template's end-of-turn token, which is not yielded; special tokens (a `<bos>`) are left out
+    of the text, as transformers' chat pipeline decodes a reply. Unlike `dew.sampling.sample`, whose
     decoding loop runs inside one compiled program, each token is drawn by one compiled step
     called from Python, so it can be shown as soon as it is drawn; a piece is yielded once its
     bytes decode whole (a character split over tokens waits for the rest). Token `i` of the
@@ -420,11 +352,14 @@ def chat_reply(
       >>> isinstance("".join(pieces), str)
       True
     """
-    from dew.sampling import _choose, _row_keys
-    from dew.tokenizers import _end_of_turn_id
+    from dew.sampling import choose_tokens, row_keys
+    from dew.tokenizers import end_of_turn_id
 
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, True, tools=tools))
-    end, context = _end_of_turn_id(tokenizer), policy.context_length
+    rendered = tokenizer.apply_chat_template(messages, True, tools=tools)
+    # The template writes its own special tokens; a BOS `encode` adds in front would be a
+    # second one (Gemma's), as in `dew.rollout.Prompter.continuation`.
+    prompt = tokenizer.encode(rendered)[len(tokenizer.encode("")) :]
+    end, context = end_of_turn_id(tokenizer), policy.context_length
     if len(prompt) + max_new_tokens > context:
         raise ValueError(
             f"the conversation ({len(prompt)} tokens) plus --max-new-tokens {max_new_tokens} "
@@ -439,19 +374,19 @@ def chat_reply(
     answer, shown = [], ""
     for i in range(max_new_tokens):
         position = len(prompt) + i
-        keys = _row_keys(key, jnp.array([position]))
-        token, _ = _choose(logits[None], keys, temperature, 1.0)
+        keys = row_keys(key, jnp.array([position]))
+        token, _ = choose_tokens(logits[None], keys, temperature, 1.0)
         token = int(token[0])
         if token == end:
             break
         answer.append(token)
-        text = tokenizer.decode(answer)
+        text = tokenizer.decode(answer, skip_special_tokens=True)
         if not text.endswith("\ufffd"):
             yield text[len(shown) :]
             shown = text
         if i + 1 < max_new_tokens:
             logits, cache = _chat_decode(graphdef, params, token, position, cache)
-    text = tokenizer.decode(answer)
+    text = tokenizer.decode(answer, skip_special_tokens=True)
     if text != shown:
         yield text[len(shown) :]
 
@@ -503,15 +438,15 @@ def agent_reply(
       ['assistant']
     """
     from dew.tools import HermesParser, ToolRunner, tool_messages
-    from dew.tools.messages import _shows_tools, _with_tools_shown
+    from dew.tools.messages import shows_tools, with_tools_shown
 
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, got {max_turns!r}")
     parser, conversation = HermesParser(), list(messages)
     with ToolRunner(tools, timeout=tool_timeout) as runner:
         schemas = runner.schemas or None
-        if schemas and not _shows_tools(tokenizer, schemas):  # SmolLM2's template drops them
-            conversation = _with_tools_shown(conversation, schemas)
+        if schemas and not shows_tools(tokenizer, schemas):  # SmolLM2's template drops them
+            conversation = with_tools_shown(conversation, schemas)
         for turn in range(max_turns):
             text = ""
             for piece in chat_reply(

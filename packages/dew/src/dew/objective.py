@@ -22,6 +22,7 @@ __all__ = [
     "Objective",
     "available_objectives",
     "load_objective",
+    "objective_class",
 ]
 
 ENTRY_POINT_GROUP = "dew.objectives"
@@ -93,13 +94,13 @@ def available_objectives() -> dict[str, Any]:
     return {point.name: point for point in sorted(found, key=lambda p: p.name)}
 
 
-def _objective_class(name: str) -> type:
+def objective_class(name: str) -> type:
     """The class registered as objective `name`, or `ValueError` listing the available ones.
 
     Examples:
-      >>> _objective_class("sft").__name__
+      >>> objective_class("sft").__name__
       'SFT'
-      >>> _objective_class("nope")  # doctest: +ELLIPSIS
+      >>> objective_class("nope")  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
       ValueError: unknown objective 'nope'; available: ...
@@ -120,4 +121,4 @@ def load_objective(name: str, options: Mapping[str, Any] | None = None) -> Objec
       >>> objective, objective.source
       (SFT(), Demonstrations())
     """
-    return _objective_class(name)(**(options or {}))
+    return objective_class(name)(**(options or {}))

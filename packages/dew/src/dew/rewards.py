@@ -28,10 +28,8 @@ Examples:
 
 import dataclasses
 import functools
-import importlib
 import inspect
 import math
-import os
 import re
 import sys
 import threading
@@ -41,6 +39,8 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 import numpy as np
+
+from dew._user_code import load_named
 
 __all__ = [
     "ANSWER_TAGS",
@@ -54,6 +54,7 @@ __all__ = [
     "format",
     "get_reward",
     "math_answer",
+    "parse_reward",
     "score_texts",
 ]
 
@@ -108,6 +109,20 @@ def _boxed(text: str) -> str | None:
     return None
 
 
+def _marked_answer(completion: str) -> str | None:
+    """The content of the last `\\boxed{}`, else what follows the last `####`, or None.
+
+    Examples:
+      >>> _marked_answer("#### 12."), _marked_answer("1. First 2. Then")
+      ('12', None)
+    """
+    boxed = _boxed(completion)
+    if boxed is not None:
+        return boxed.strip()
+    hashes = _HASHES.findall(completion)
+    return hashes[-1].strip().rstrip(".") if hashes else None
+
+
 def final_answer(completion: str) -> str | None:
     """The final answer a completion states, or None when it states none.
 
@@ -119,12 +134,9 @@ def final_answer(completion: str) -> str | None:
       >>> final_answer("She has -5 apples and 12 pears."), final_answer("no idea")
       ('12', None)
     """
-    boxed = _boxed(completion)
-    if boxed is not None:
-        return boxed.strip()
-    hashes = _HASHES.findall(completion)
-    if hashes:
-        return hashes[-1].strip().rstrip(".")
+    marked = _marked_answer(completion)
+    if marked is not None:
+        return marked
     numbers = _NUMBER.findall(completion)
     return numbers[-1].strip() if numbers else None
 
@@ -174,26 +186,40 @@ def equivalent(answer: str, reference: str) -> bool:
 def math_answer(prompts: list[Any], completions: list[str], **columns: Any) -> list[float | None]:
     """1.0 where the completion's `final_answer` equals the `answer` column, else 0.0.
 
+    The answer is read in one of three forms, the first found: the content of the last
+    `\\boxed{...}`, what follows the last `####`, or the last number. The last number counts
+    only in a completion that ended by itself: one cut at the token cap (`finished` False) is
+    read by its `\\boxed{}` or `####` alone, so that the numbering of a list it was still
+    writing (`2. There are several ways to`) is not taken for its answer. Without a
+    `finished` column (a call from outside a Dew rollout, as TRL's) every completion counts
+    as ended.
+
     Examples without an `answer` column (preference pairs) are all None. A completion that
-    states no answer scores 0. `answer` may be text (`"0.75"`,
-    `"\\frac{3}{4}"`, a GSM8K solution ending in `#### 72`) or a number.
+    states no answer scores 0. `answer` may be text (`"0.75"`, `"\\frac{3}{4}"`, a GSM8K
+    solution ending in `#### 72`) or a number.
 
     Examples:
       >>> math_answer(["q"] * 4, ["#### 72\\nThat is all.", "\\\\boxed{\\\\frac{3}{4}}", "12", "?"],
       ...             answer=["72", "0.75", "-12", "1"])
       [1.0, 1.0, 0.0, 0.0]
+      >>> math_answer(["q"] * 2, ["1. Add 2. Then", "#### 2\\nand then"], answer=["2", "2"],
+      ...             finished=[False, False])
+      [0.0, 1.0]
     """
     answer = columns.get("answer")
     if answer is None:
         return [None] * len(completions)
+    finished = columns.get("finished")
+    if finished is None:
+        finished = [True] * len(completions)
     scores: list[float | None] = []
-    for completion, reference in zip(completions, answer, strict=True):
+    for completion, reference, ended in zip(completions, answer, finished, strict=True):
         if reference is None:
             scores.append(None)
             continue
         reference = str(reference)
         reference = final_answer(reference) if "####" in reference else reference.strip()
-        stated = final_answer(completion)
+        stated = final_answer(completion) if ended else _marked_answer(completion)
         scores.append(float(stated is not None and equivalent(stated, reference)))
     return scores
 
@@ -258,15 +284,7 @@ def get_reward(name: str, **options: Any) -> RewardFunction:
             if point.name == name:
                 function = point.load()
     if function is None and ":" in name:
-        module, _, attribute = name.partition(":")
-        if os.getcwd() not in sys.path:  # a module beside the user, as `python -m` finds it
-            sys.path.append(os.getcwd())
-        try:
-            function = getattr(importlib.import_module(module), attribute)
-        except ImportError as error:
-            raise ValueError(f"--reward {name!r}: cannot import {module!r} ({error})") from None
-        except AttributeError:
-            raise ValueError(f"--reward {name!r}: {module!r} has no {attribute!r}") from None
+        function = load_named("--reward", name)
     if function is None:
         known = ", ".join(available_rewards())
         raise ValueError(
@@ -324,13 +342,13 @@ def _check_options(name: str, function: Any, options: Mapping[str, Any]) -> None
             ) from None
 
 
-def _parse_reward(spec: str, options: Mapping[str, Any] | None = None) -> Reward:
+def parse_reward(spec: str, options: Mapping[str, Any] | None = None) -> Reward:
     """The `Reward` of a `--reward NAME[=WEIGHT]` value, with `options` bound.
 
     Examples:
-      >>> _parse_reward("format=0.2").weight, _parse_reward("math_answer").name
+      >>> parse_reward("format=0.2").weight, parse_reward("math_answer").name
       (0.2, 'math_answer')
-      >>> _parse_reward("format=heavy")
+      >>> parse_reward("format=heavy")
       Traceback (most recent call last):
       ...
       ValueError: --reward 'format=heavy': the weight 'heavy' is not a number

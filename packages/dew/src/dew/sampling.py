@@ -16,6 +16,7 @@ one program, returning only the tokens.
 Reference: the prefill-then-decode sampler of flax `examples/gemma/sampler.py`.
 """
 
+import collections
 import dataclasses
 import functools
 import threading
@@ -29,14 +30,17 @@ from flax import nnx
 from dew._traces import count_trace
 from dew.compile_cache import KeptProgram, program_identity
 from dew.models import CausalLM
-from dew.models.llama import _spread
+from dew.models.llama import spread_rows
+from dew.programs import ProgramCache
 
 __all__ = [
     "SamplerState",
     "Samples",
+    "choose_tokens",
     "continue_state",
     "extend_state",
     "prefill_state",
+    "row_keys",
     "sample",
     "sample_state",
 ]
@@ -87,7 +91,7 @@ class SamplerState:
       done: `[B]` bool rows that stopped (drew a stop id or reached `limit`); they draw nothing
         until `extend_state` appends to them.
 
-    A row's token at position `p` is drawn with `_row_keys` (the call's key, `p` and the row's
+    A row's token at position `p` is drawn with `row_keys` (the call's key, `p` and the row's
     index), so what a row draws does not depend on which other rows draw in the same call.
     """
 
@@ -133,16 +137,17 @@ def _sampling_log_probs(logits: jax.Array, temperature: float, top_p: float) -> 
     return jax.nn.log_softmax(jnp.where(probs >= threshold, scaled, -jnp.inf), axis=-1)
 
 
-def _row_keys(key: jax.Array, positions: jax.Array) -> jax.Array:
-    """`[B]` keys: row `b`'s token at position `positions[b]` is drawn with
-    `fold_in(fold_in(key, positions[b]), b)`.
+def row_keys(key: jax.Array, positions: jax.Array) -> jax.Array:
+    """`[B]` keys, one a row: `fold_in(fold_in(key, positions[b]), b)` for row `b`.
+
+    Row `b`'s token at position `positions[b]` is drawn with its key.
 
     Keyed by row and position, not by the call's step, a row draws the same tokens whichever
     rows draw beside it and however its turns are split into calls (an episode's rows continue
     apart, each when its tools have answered).
 
     Examples:
-      >>> keys = _row_keys(jax.random.key(0), jnp.array([3, 3]))
+      >>> keys = row_keys(jax.random.key(0), jnp.array([3, 3]))
       >>> bool((jax.random.key_data(keys[0]) == jax.random.key_data(keys[1])).all())
       False
     """
@@ -169,11 +174,21 @@ def _first_max(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(held, index, x.shape[-1]), axis=-1)
 
 
-def _choose(logits, keys, temperature, top_p):
+def choose_tokens(logits, keys, temperature, top_p):
     """The next token `[B]` and its behaviour log-prob `[B]`, row `b` drawn with `keys[b]`.
 
     A drawn token is `jax.random.categorical(keys[b], logp[b])`'s, the same Gumbel noise and the
     same argmax (`_first_max`): the Gumbel-max trick, arXiv:1411.0030.
+
+    Examples:
+      >>> logits = jnp.array([[0.0, 2.0, 1.0], [3.0, 0.0, 3.0]])
+      >>> keys = jax.random.split(jax.random.key(0), 2)
+      >>> token, log_prob = choose_tokens(logits, keys, 0.0, 1.0)  # temperature 0: the argmax
+      >>> token.tolist(), log_prob.tolist()
+      ([1, 0], [0.0, 0.0])
+      >>> token, log_prob = choose_tokens(logits, keys, 1.0, 0.5)  # row 1 draws 0 or 2 evenly
+      >>> int(token[0]), log_prob.round(3)
+      (1, Array([ 0.   , -0.693], dtype=float32))
     """
     if temperature == 0.0:
         return _first_max(logits), jnp.zeros(logits.shape[0])
@@ -224,7 +239,7 @@ def _prefilled(model, prompts, prompt_lengths, *, room, pad_id, kv_cache, group)
         heads = prompts.reshape(batch // group, group, width)[:, 0]
         hidden, cache = model.prefill(heads, model.init_cache(batch // group, length))
         logits = model.unembed(hidden[jnp.arange(batch // group), last[::group]])
-        logits, cache = jax.tree.map(functools.partial(_spread, group=group), (logits, cache))
+        logits, cache = jax.tree.map(functools.partial(spread_rows, group=group), (logits, cache))
     else:
         logits, cache = model(tokens)[rows, last], ()
     return SamplerState(
@@ -255,7 +270,7 @@ def _continued(
 
     def draw(logits, tokens, behavior, completion, lengths, done):
         """Write each live row's next token, drawn from `logits`, after its tokens."""
-        drawn, drawn_logp = _choose(logits, _row_keys(key, lengths), temperature, top_p)
+        drawn, drawn_logp = choose_tokens(logits, row_keys(key, lengths), temperature, top_p)
         live = ~done
         tokens = tokens.at[rows, lengths].set(jnp.where(live, drawn, pad_id))
         behavior = behavior.at[rows, lengths].set(jnp.where(live, drawn_logp, 0.0))
@@ -383,34 +398,59 @@ def _extended(model, state: SamplerState, tokens, counts, *, kv_cache):
 
 
 _RECENT_MODELS = 8
-"""How many graphdefs `_per_model` holds by identity: a run samples from one or two."""
+"""How many graphdefs `_per_model` looks up by identity: a run samples from one or two."""
+
+_PROGRAMS_PER_BUILDER = 16
+"""How many programs each of the sampler's builders keeps (`ProgramCache`): a run uses a few
+settings of each (a training and an evaluation batch, an episode's turns)."""
+
+
+class _ModelKey:
+    """A graphdef as a cache key, hashed once: hashing a `GraphDef` walks every node."""
+
+    __slots__ = ("graphdef", "hash")
+
+    def __init__(self, graphdef: nnx.GraphDef):
+        self.graphdef, self.hash = graphdef, hash(graphdef)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ModelKey) and (
+            self.graphdef is other.graphdef or self.graphdef == other.graphdef
+        )
 
 
 def _per_model(build: Callable) -> Callable:
-    """`build(graphdef, *settings)` cached, the graphdef looked up by identity before equality.
+    """`build(graphdef, *settings)` kept in a `ProgramCache`, the graphdef looked up by identity.
 
     Hashing a `GraphDef` walks every node (0.25 ms for the `default` model, about a decoding
     step of it), which a cache keyed on it pays at every call. The last `_RECENT_MODELS`
-    graphdefs are held under their `id` with what was built for them (held, so that no other
-    object takes the id while its entry lives); a graphdef new by identity is hashed once, and
-    one equal to a graphdef seen before shares what was built for that one (`functools.cache`).
+    graphdefs are held under their `id` (held, so that no other object takes the id while its
+    entry lives) with their key, hashed once; a graphdef equal to one seen before takes that
+    one's key, and so shares what was built for it. The builder keeps its
+    `_PROGRAMS_PER_BUILDER` most recently used programs.
     """
-    by_value = functools.cache(build)
-    recent: dict[int, tuple[nnx.GraphDef, dict]] = {}
+    programs = ProgramCache(
+        lambda key, settings: build(key.graphdef, *settings), _PROGRAMS_PER_BUILDER
+    )
+    recent: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+    keys: collections.OrderedDict[_ModelKey, _ModelKey] = collections.OrderedDict()
     lock = threading.Lock()  # a sampler ahead calls from its own thread
 
     @functools.wraps(build)
     def cached(graphdef: nnx.GraphDef, *settings):
-        held = recent.get(id(graphdef))
-        if held is None:
+        held, key = recent.get(id(graphdef), (None, None))
+        if held is not graphdef:
             with lock:
-                held = recent.setdefault(id(graphdef), (graphdef, {}))
-                if len(recent) > _RECENT_MODELS:
-                    del recent[next(iter(recent))]
-        built = held[1]
-        if settings not in built:
-            built[settings] = by_value(graphdef, *settings)
-        return built[settings]
+                key = _ModelKey(graphdef)
+                key = keys.setdefault(key, key)
+                recent[id(graphdef)] = (graphdef, key)
+                for kept in (recent, keys):
+                    while len(kept) > _RECENT_MODELS:
+                        kept.popitem(last=False)
+        return programs(key, settings)
 
     return cached
 

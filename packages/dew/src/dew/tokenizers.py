@@ -9,6 +9,7 @@ finds it beside a checkpoint).
 import datetime
 import functools
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -24,6 +25,7 @@ __all__ = [
     "DigitTokenizer",
     "HFTokenizer",
     "Tokenizer",
+    "end_of_turn_id",
     "with_system_prompt",
 ]
 
@@ -46,8 +48,8 @@ class Tokenizer(Protocol):
         """The token ids of `text`."""
         ...
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of `ids`, special tokens kept."""
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of `ids`, special tokens kept unless `skip_special_tokens`."""
         ...
 
     def apply_chat_template(
@@ -72,6 +74,8 @@ class DigitTokenizer:
       [1, 6, 7, 3]
       >>> DIGITS.decode([1, 6, 7, 3, 8, 2])
       '^12>3$'
+      >>> DIGITS.decode([1, 6, 7, 3, 8, 2, 0], skip_special_tokens=True)
+      '12>3'
       >>> DIGITS.eos_token_id, DIGITS.pad_token_id, DIGITS.vocab_size
       (2, 0, 15)
     """
@@ -97,10 +101,18 @@ class DigitTokenizer:
             raise ValueError(f"cannot encode {unknown} (known: {self.symbols!r})")
         return [self._ids[c] for c in text]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of token ids, one character each; an id outside the vocabulary as `<id>`."""
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of token ids, one character each; an id outside the vocabulary as `<id>`.
+
+        `skip_special_tokens` leaves out PAD `_`, BOS `^` and EOS `$`.
+        """
         size = len(self.symbols)
-        return "".join(self.symbols[int(i)] if 0 <= int(i) < size else f"<{int(i)}>" for i in ids)
+        special = {self._ids.get(symbol) for symbol in "_^$"} if skip_special_tokens else set()
+        return "".join(
+            self.symbols[int(i)] if 0 <= int(i) < size else f"<{int(i)}>"
+            for i in ids
+            if int(i) not in special
+        )
 
     def apply_chat_template(
         self,
@@ -159,10 +171,64 @@ def _named_templates(folder: Path, configured: str | list | None) -> dict[str, s
     return {} if configured is None else {"default": configured}
 
 
+_MARKS = ("\ufdd0", "\ufdd1")
+"""What `{% generation %}` blocks render before and after their output: Unicode noncharacters,
+which no text holds. The compiled template is shared, so the marked spans travel in the
+rendered text rather than in the environment's state."""
+
+_GENERATION_BLOCK = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+@functools.cache
+def _generation_tag() -> type:
+    """The jinja2 extension of `{% generation %}...{% endgeneration %}`: the block renders its
+    body between `_MARKS`.
+
+    Reference: transformers 5.10 `utils/chat_template_utils.py` (`AssistantTracker`, which
+    records the blocks' character positions as the template renders; here they are marked in
+    the text and read off afterwards, `_unmarked`).
+    """
+    import jinja2.ext
+    from jinja2 import nodes
+
+    class GenerationTag(jinja2.ext.Extension):
+        tags = frozenset({"generation"})
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_marked", [])
+            return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _marked(self, caller) -> str:
+            return f"{_MARKS[0]}{caller()}{_MARKS[1]}"
+
+    return GenerationTag
+
+
+def _unmarked(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """`text` without `_MARKS`, and the `(start, stop)` character spans they enclosed.
+
+    Examples:
+      >>> _unmarked("a\ufdd0bc\ufdd1d")
+      ('abcd', [(1, 3)])
+    """
+    plain, spans, start = [], [], 0
+    for piece in re.split(f"([{''.join(_MARKS)}])", text):
+        if piece == _MARKS[0]:
+            start = sum(map(len, plain))
+        elif piece == _MARKS[1]:
+            spans.append((start, sum(map(len, plain))))
+        else:
+            plain.append(piece)
+    return "".join(plain), spans
+
+
 def _template_environment() -> "jinja2.Environment":
     """The jinja2 environment transformers renders chat templates in.
 
-    jinja2 is imported here, at the first chat template, not at start-up.
+    jinja2 is imported here, at the first chat template, not at start-up. It knows
+    transformers' `{% generation %}` tag, which marks the assistant's tokens.
 
     Reference: transformers 5.10 `utils/chat_template_utils.py` (`_compile_jinja_template`).
     """
@@ -170,7 +236,9 @@ def _template_environment() -> "jinja2.Environment":
     import jinja2.sandbox
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _generation_tag()],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -312,9 +380,10 @@ class HFTokenizer:
         """The ids of `text`, special tokens added as transformers' `encode(text)` adds them."""
         return self.tokenizer.encode(text).ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of `ids`, special tokens kept."""
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of `ids`, special tokens (`<bos>`, `<|im_end|>`) kept unless
+        `skip_special_tokens`."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def _compiled_template(self, template: str) -> "jinja2.Template":
         """`template` compiled (once, `_compiled` keeps it); `ValueError` naming the file it
@@ -341,8 +410,8 @@ class HFTokenizer:
         `messages` as given (assistant `tool_calls` with their `arguments` dicts, `tool`
         messages), `tools` as a list of schemas (a function in it is turned into its
         `dew.tools.json_schema`), `documents` as None and the special tokens' texts. With
-        `tools` the `tool_use_template` is rendered if the model has one. `ValueError` when
-        there is no template.
+        `tools` the `tool_use_template` is rendered if the model has one. `{% generation %}`
+        blocks render their body. `ValueError` when there is no template.
 
         Examples:
           >>> from dew.hf import load_tokenizer
@@ -363,6 +432,44 @@ class HFTokenizer:
           </tool_response><|im_end|>
           <BLANKLINE>
         """
+        return _unmarked(self._rendered(messages, add_generation_prompt, tools)[0])[0]
+
+    def encode_chat(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[bool] | None]:
+        """The ids of `messages` rendered by the chat template, and which of them the
+        template's `{% generation %}` blocks mark (the assistant's), or None without blocks.
+
+        As transformers' `apply_chat_template(..., tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=True)`: no special token is added (the template writes
+        its own), and a token is marked when its characters overlap a block's output.
+
+        Examples:
+          >>> from dew.hf import load_tokenizer
+          >>> tokenizer = load_tokenizer("tests/core/hf/tokenizer")
+          >>> tokenizer.chat_template = (
+          ...     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + ': ' }}"
+          ...     "{% if m['role'] == 'assistant' %}{% generation %}"
+          ...     "{{ m['content'] + '<|im_end|>' }}{% endgeneration %}"
+          ...     "{% else %}{{ m['content'] + '<|im_end|>' }}{% endif %}{% endfor %}")
+          >>> ids, marked = tokenizer.encode_chat(
+          ...     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+          >>> tokenizer.decode([i for i, m in zip(ids, marked) if m])
+          'yo<|im_end|>'
+        """
+        marked, has_blocks = self._rendered(messages, False, tools)
+        text, spans = _unmarked(marked)
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        if not has_blocks:
+            return encoding.ids, None
+        mask = [any(a < stop and b > start for start, stop in spans) for a, b in encoding.offsets]
+        return encoding.ids, mask
+
+    def _rendered(
+        self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None
+    ) -> tuple[str, bool]:
+        """`messages` rendered with `{% generation %}` output between `_MARKS`, and whether
+        the template has such blocks."""
         chat_template = self.chat_template
         if tools is not None:
             tools = [tool if isinstance(tool, dict) else _schema_of(tool) for tool in tools]
@@ -374,7 +481,7 @@ class HFTokenizer:
         import jinja2
 
         try:
-            return template.render(
+            rendered = template.render(
                 messages=messages,
                 tools=tools,
                 documents=None,
@@ -383,6 +490,7 @@ class HFTokenizer:
             )
         except jinja2.TemplateError as error:  # the template's own raise_exception included
             raise ValueError(f"{self.template_source}: the chat template failed: {error}") from None
+        return rendered, _GENERATION_BLOCK.search(chat_template) is not None
 
 
 def _schema_of(tool) -> dict:
@@ -435,7 +543,7 @@ def with_system_prompt(tokenizer: Tokenizer, messages: list[dict], system: str) 
     return [*messages[:first], merged, *messages[first + 1 :]]
 
 
-def _end_of_turn_id(tokenizer: Tokenizer) -> int:
+def end_of_turn_id(tokenizer: Tokenizer) -> int:
     """The token the chat template closes an assistant turn with (`<|im_end|>` in ChatML).
 
     Read off the template: the first token after an assistant message's content. A GGUF file's
@@ -443,7 +551,7 @@ def _end_of_turn_id(tokenizer: Tokenizer) -> int:
 
     Examples:
       >>> from dew.hf import load_tokenizer
-      >>> _end_of_turn_id(load_tokenizer("tests/core/hf/tokenizer"))
+      >>> end_of_turn_id(load_tokenizer("tests/core/hf/tokenizer"))
       2
     """
     marker = "\u2063"  # an invisible separator no template writes itself

@@ -1,4 +1,4 @@
-"""Elementwise helpers shared by the ratio and surrogate modules."""
+"""Array helpers shared by dew.rl's modules: clipping, masking, dtypes, group centring."""
 
 import jax
 import jax.numpy as jnp
@@ -47,3 +47,23 @@ def kept_floats(mask: jax.Array | None, *arrays: jax.Array) -> tuple[jax.Array, 
         return jnp.ones(jnp.shape(arrays[0]), bool), arrays
     mask = jnp.asarray(mask).astype(bool)
     return mask, [jnp.where(mask, a, 0) for a in arrays]
+
+
+def kept_values(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`x` in the compute dtype with masked positions set to 0, and the mask as bool."""
+    mask = jnp.asarray(mask).astype(bool)
+    x = jnp.asarray(x)
+    return jnp.where(mask, x.astype(compute_dtype(x)), 0), mask
+
+
+def centred_groups(rewards: jax.Array, group: int) -> jax.Array:
+    """`[B / group, group]` rewards minus their group mean; a constant group is exactly 0.
+
+    The mean is taken of the rewards shifted by each group's first reward. A constant group then
+    sums zeros, where `jnp.mean` under `jax.jit` forms `sum * (1 / group)` and, for a group of 3,
+    leaves one ulp: `(r - mean) / (std + eps)` turns that into 0.03 instead of 0.
+    """
+    rewards = jnp.asarray(rewards)
+    grouped = rewards.astype(compute_dtype(rewards)).reshape(-1, group)
+    shifted = grouped - grouped[:, :1]
+    return shifted - jnp.mean(shifted, axis=1, keepdims=True)

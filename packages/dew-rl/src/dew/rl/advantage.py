@@ -26,23 +26,11 @@ from dew.rl._checks import (
     check_same_shape,
     compute_dtype,
 )
+from dew.rl._ops import centred_groups
 from dew.rl.masked import masked_whiten
 
 GROUP_EPS = 1e-6
 """Added to the group deviation after the square root, as verl's `epsilon` and Tunix's 1e-6."""
-
-
-def _centred_groups(rewards: jax.Array, group: int) -> jax.Array:
-    """`[B / group, group]` rewards minus their group mean; a constant group is exactly 0.
-
-    The mean is taken of the rewards shifted by each group's first reward. A constant group then
-    sums zeros, where `jnp.mean` under `jax.jit` forms `sum * (1 / group)` and, for a group of 3,
-    leaves one ulp: `(r - mean) / (std + eps)` turns that into 0.03 instead of 0.
-    """
-    rewards = jnp.asarray(rewards)
-    grouped = rewards.astype(compute_dtype(rewards)).reshape(-1, group)
-    shifted = grouped - grouped[:, :1]
-    return shifted - jnp.mean(shifted, axis=1, keepdims=True)
 
 
 def group_advantage(
@@ -90,7 +78,7 @@ def group_advantage(
     """
     check_group("group_advantage", rewards, group)
     check_hyperparameter("group_advantage", "eps", eps, NON_NEGATIVE)
-    centred = _centred_groups(rewards, group)
+    centred = centred_groups(rewards, group)
     if normalise_by_std:
         std = jnp.sqrt(jnp.sum(centred * centred, axis=1, keepdims=True) / (group - 1))
         centred = centred / (std + eps)

@@ -19,14 +19,15 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import AT_LEAST_ONE, check_hyperparameter, check_rank, check_same_shape
-from dew.rl.masked import MEAN_EPS, _kept
+from dew.rl._ops import kept_values
+from dew.rl.masked import MEAN_EPS
 
 
 def _rows(name: str, x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`[B, T]` x with masked positions 0 (compute dtype) and the bool mask, after the checks."""
     check_rank(name, "x", x, 2, "[B, T]")
     check_same_shape(name, "mask", mask, "x", x)
-    return _kept(x, mask)
+    return kept_values(x, mask)
 
 
 def token_mean_parts(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -47,7 +48,7 @@ def token_mean_parts(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Arra
       6.0 3.0
     """
     check_same_shape("token_mean_parts", "mask", mask, "x", x)
-    kept, mask = _kept(x, mask)
+    kept, mask = kept_values(x, mask)
     return jnp.sum(kept), jnp.sum(mask, dtype=kept.dtype)
 
 
@@ -68,7 +69,7 @@ def token_sum(x: jax.Array, mask: jax.Array) -> jax.Array:
       6.0
     """
     check_same_shape("token_sum", "mask", mask, "x", x)
-    kept, _ = _kept(x, mask)
+    kept, _ = kept_values(x, mask)
     return jnp.sum(kept)
 
 

@@ -20,18 +20,11 @@ from dew.rl._checks import (
     check_hyperparameter,
     check_rank,
     check_same_shape,
-    compute_dtype,
 )
+from dew.rl._ops import kept_values
 
 MEAN_EPS = 1e-8
 """Added to `masked_mean`'s count so that an all-masked mean is 0, as in verl."""
-
-
-def _kept(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`x` in the compute dtype with masked positions set to 0, and the mask as bool."""
-    mask = jnp.asarray(mask).astype(bool)
-    x = jnp.asarray(x)
-    return jnp.where(mask, x.astype(compute_dtype(x)), 0), mask
 
 
 def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
@@ -66,7 +59,7 @@ def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
       [1.5 3. ]
     """
     check_same_shape("masked_mean", "mask", mask, "x", x)
-    kept, mask = _kept(x, mask)
+    kept, mask = kept_values(x, mask)
     count = jnp.sum(mask, axis=axis, dtype=kept.dtype)
     return jnp.sum(kept, axis=axis) / (count + MEAN_EPS)
 
@@ -93,7 +86,7 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
       2.5
     """
     check_same_shape("token_mean", "mask", mask, "x", x)
-    kept, mask = _kept(x, mask)
+    kept, mask = kept_values(x, mask)
     return jnp.sum(kept) / jnp.sum(mask, dtype=kept.dtype)
 
 
@@ -126,7 +119,7 @@ def masked_whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
       [-1.  0.  1. 98.]
     """
     check_same_shape("masked_whiten", "mask", mask, "x", x)
-    kept, mask = _kept(x, mask)
+    kept, mask = kept_values(x, mask)
     count = jnp.sum(mask, dtype=kept.dtype)
     mean = jnp.sum(kept) / (count + MEAN_EPS)
     centred = jnp.where(mask, kept - mean, 0)
@@ -164,7 +157,7 @@ def segment_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = Non
     """
     check_rank("segment_mean", "x", x, 2, "[B, T]")
     check_same_shape("segment_mean", "mask", mask, "x", x)
-    kept, mask = _kept(x, mask)
+    kept, mask = kept_values(x, mask)
     count = mask.astype(kept.dtype)
     if segments is None:
         total = jnp.sum(kept, axis=1, keepdims=True)
@@ -209,5 +202,5 @@ def constant_length_mean(x: jax.Array, mask: jax.Array, length: int | None = Non
     check_same_shape("constant_length_mean", "mask", mask, "x", x)
     length = jnp.shape(x)[1] if length is None else length
     check_hyperparameter("constant_length_mean", "length", length, AT_LEAST_ONE)
-    kept, _ = _kept(x, mask)
+    kept, _ = kept_values(x, mask)
     return jnp.sum(kept) / (kept.shape[0] * length)

@@ -22,8 +22,8 @@ from dew.rl._checks import (
     check_rank,
     check_same_shape,
 )
-from dew.rl._ops import as_float, kept_floats
-from dew.rl.advantage import GROUP_EPS, _centred_groups, group_advantage
+from dew.rl._ops import as_float, centred_groups, kept_floats
+from dew.rl.advantage import GROUP_EPS, group_advantage
 from dew.rl.masked import masked_whiten
 
 BATCH_STD_EPS = 1e-4
@@ -121,7 +121,7 @@ def reinforce_plus_plus_baseline_advantage(
     """
     name = "reinforce_plus_plus_baseline_advantage"
     check_group(name, rewards, group)
-    centred = _centred_groups(rewards, group).reshape(-1)
+    centred = centred_groups(rewards, group).reshape(-1)
     return _whitened_rows(name, centred, mask)
 
 
@@ -214,7 +214,7 @@ def gpg_advantage(rewards: jax.Array, group: int) -> jax.Array:
     (rewards,) = as_float(rewards)
     nonzero = jnp.sum(rewards != 0, dtype=rewards.dtype)
     scale = rewards.shape[0] / jnp.maximum(nonzero, 1)
-    return scale * _centred_groups(rewards, group).reshape(-1)
+    return scale * centred_groups(rewards, group).reshape(-1)
 
 
 def pass_at_k_advantage(
@@ -247,7 +247,7 @@ def pass_at_k_advantage(
     top_two = jax.lax.top_k(grouped, 2)[0]
     advantage = top_two[:, 0] - top_two[:, 1]
     if normalise_by_std:
-        centred = _centred_groups(rewards, group)
+        centred = centred_groups(rewards, group)
         std = jnp.sqrt(jnp.sum(centred * centred, axis=1) / (group - 1))
         advantage = advantage / (std + eps)
     best = jax.nn.one_hot(jnp.argmax(grouped, axis=1), group, dtype=bool)
@@ -328,4 +328,4 @@ def batch_std_advantage(rewards: jax.Array, group: int, eps: float = BATCH_STD_E
     (rewards,) = as_float(rewards)
     centred_batch = rewards - jnp.mean(rewards)
     std = jnp.sqrt(jnp.sum(centred_batch * centred_batch) / (rewards.shape[0] - 1))
-    return _centred_groups(rewards, group).reshape(-1) / (std + eps)
+    return centred_groups(rewards, group).reshape(-1) / (std + eps)

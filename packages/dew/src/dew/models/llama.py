@@ -50,6 +50,7 @@ __all__ = [
     "rope_frequencies",
     "rotary",
     "soft_cap",
+    "spread_rows",
     "value_head",
 ]
 
@@ -610,7 +611,7 @@ class Policy(nnx.Module):
                 f"{shared} tokens (need 0 < shared < {length})"
             )
 
-        spread = functools.partial(_spread, group=group)
+        spread = functools.partial(spread_rows, group=group)
         position = jnp.arange(length)
         heads = tokens.reshape(batch // group, group, length)[:, 0, :shared]
         rest = tokens[:, shared:]
@@ -777,11 +778,11 @@ def _runs(layers) -> list[list[nnx.Module]]:
     return runs
 
 
-def _spread(x: jax.Array, group: int) -> jax.Array:
+def spread_rows(x: jax.Array, group: int) -> jax.Array:
     """`x` `[G, ...]` with each entry repeated on `group` adjacent rows: `[G * group, ...]`.
 
     Examples:
-      >>> _spread(jnp.array([1, 2]), 2)
+      >>> spread_rows(jnp.array([1, 2]), 2)
       Array([1, 1, 2, 2], dtype=int32)
     """
     return jnp.broadcast_to(x[:, None], (x.shape[0], group, *x.shape[1:])).reshape(-1, *x.shape[1:])

@@ -28,6 +28,7 @@ __all__ = [
     "LORA_MODULES",
     "MLP_MODULES",
     "LoRALinear",
+    "adapters_off",
     "add_lora",
     "has_lora",
     "merge_lora",
@@ -221,14 +222,14 @@ def _merged(layer: LoRALinear) -> nnx.Linear:
     return linear
 
 
-def _adapters_off(trainable):
+def adapters_off(trainable):
     """`trainable` (a LoRA run's adapters, value head included) all zero: the base's policy.
 
     With `A = B = 0` every `LoRALinear` adds exactly 0, so the policy computes the base's logits;
     the zeros are the adapters' size, not the base's.
 
     Examples:
-      >>> _adapters_off({"lora_a": jnp.ones((2, 1)), "lora_b": jnp.ones((1, 2))})["lora_b"]
+      >>> adapters_off({"lora_a": jnp.ones((2, 1)), "lora_b": jnp.ones((1, 2))})["lora_b"]
       Array([[0., 0.]], dtype=float32)
     """
     return jax.tree.map(jnp.zeros_like, trainable)

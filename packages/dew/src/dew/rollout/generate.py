@@ -28,7 +28,9 @@ __all__ = [
     "Rollouts",
     "SingleTurn",
     "draw_rollout",
+    "reward_component_scores",
     "rollout",
+    "shared_prefix_of",
 ]
 
 
@@ -63,14 +65,14 @@ def _completions(tokens: np.ndarray, completion_mask: np.ndarray) -> list[list[i
     return [row[mask].tolist() for row, mask in zip(tokens, completion_mask, strict=True)]
 
 
-def _reward_components(parts: dict[str, np.ndarray]) -> np.ndarray | None:
+def reward_component_scores(parts: dict[str, np.ndarray]) -> np.ndarray | None:
     """`[B, K]` float32 scores of the K reward functions in `parts` order, 0 where one was None.
 
     A None adds nothing to the weighted total; as a component it is a 0 as well. None when
     `parts` is empty.
 
     Examples:
-      >>> _reward_components({"a": np.array([1.0, np.nan]), "b": np.array([0.5, 2.0])})
+      >>> reward_component_scores({"a": np.array([1.0, np.nan]), "b": np.array([0.5, 2.0])})
       array([[1. , 0.5],
              [0. , 2. ]], dtype=float32)
     """
@@ -80,7 +82,7 @@ def _reward_components(parts: dict[str, np.ndarray]) -> np.ndarray | None:
     return np.stack(columns, axis=1).astype(np.float32)
 
 
-def _shared_prefix(prompt_mask: np.ndarray, group: int) -> int:
+def shared_prefix_of(prompt_mask: np.ndarray, group: int) -> int:
     """The positions every group's rows hold in common: its shortest prompt, bucketed; 0 alone.
 
     A group's rows repeat one prompt, so its first tokens are the same in each. Up to 8 the
@@ -89,9 +91,9 @@ def _shared_prefix(prompt_mask: np.ndarray, group: int) -> int:
     a few values, not for every length. 0 for groups of one, which share nothing.
 
     Examples:
-      >>> _shared_prefix(np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool), 2)
+      >>> shared_prefix_of(np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool), 2)
       2
-      >>> _shared_prefix(np.ones((2, 30), bool), 2), _shared_prefix(np.ones((2, 30), bool), 1)
+      >>> shared_prefix_of(np.ones((2, 30), bool), 2), shared_prefix_of(np.ones((2, 30), bool), 1)
       (24, 0)
     """
     if group < 2 or not len(prompt_mask):
@@ -185,7 +187,7 @@ class DrawnRollout(NamedTuple):
         mine = process_rows(sharding, len(examples))
         completions = _completions(host.tokens[mine], host.completion_mask[mine])
         rewards, parts = self.prompter.score(examples[mine], completions)
-        components = _reward_components(parts)
+        components = reward_component_scores(parts)
         placed = assemble(rewards, sharding, len(examples))
         if components is not None:
             components = assemble(components, sharding, len(examples))
@@ -347,7 +349,7 @@ def draw_rollout(
     expanded = [prompt for prompt in prompts.tokens for _ in range(group)]
     examples = [example for example in prompts.examples for _ in range(group)]
     padded, lengths = _pad_prompts(expanded, prompter.width, prompter.pad_id)
-    shared_prefix = _shared_prefix(np.arange(prompter.width) < lengths[:, None], group)
+    shared_prefix = shared_prefix_of(np.arange(prompter.width) < lengths[:, None], group)
     # Each process places the prompts of the rows it holds, samples them and scores them.
     mine = process_rows(sharding, len(expanded))
     padded, lengths = (assemble(x[mine], sharding, len(expanded)) for x in (padded, lengths))

@@ -20,7 +20,7 @@ import numpy as np
 
 from dew.rewards import Reward, score_texts
 from dew.tasks import Task
-from dew.tokenizers import Tokenizer, _end_of_turn_id, with_system_prompt
+from dew.tokenizers import HFTokenizer, Tokenizer, end_of_turn_id, with_system_prompt
 
 __all__ = ["Prompter", "Prompts"]
 
@@ -78,7 +78,7 @@ class Prompter:
         self.chat = _has_chat_template(self.tokenizer)
         if self.system_prompt is not None and not self.chat:
             raise ValueError("--system-prompt needs a model whose tokenizer has a chat template")
-        self.stop_id = _end_of_turn_id(self.tokenizer) if self.chat else self.tokenizer.eos_token_id
+        self.stop_id = end_of_turn_id(self.tokenizer) if self.chat else self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
         if self.max_new_tokens is None:
             self.max_new_tokens = self.task.max_new_tokens
@@ -99,10 +99,16 @@ class Prompter:
                     "tokenizer has a chat template"
                 )
             return prompt
+        messages = self._messages(example)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def _messages(self, example: dict[str, Any]) -> list[dict]:
+        """The prompt as chat messages, after the system prompt if there is one."""
+        prompt = example["prompt"]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if self.system_prompt is not None:
             messages = with_system_prompt(self.tokenizer, messages, self.system_prompt)
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return messages
 
     def encode(self, example: dict[str, Any]) -> list[int]:
         """The prompt's token ids (a chat template writes its own special tokens)."""
@@ -154,15 +160,44 @@ class Prompter:
             ids = ids[: ids.index(self.stop_id)]
         return self.tokenizer.decode(ids), finished
 
-    def demonstration(self, example: dict[str, Any]) -> list[int]:
-        """The example's `completion` (else its `answer`) as tokens, then the stop token."""
-        text = example.get("completion", example.get("answer"))
-        if not isinstance(text, str):
+    def demonstration(self, example: dict[str, Any]) -> tuple[list[int], list[bool]]:
+        """The example's completion as tokens after its prompt's, and which of them are trained.
+
+        A text `completion` (else `answer`) is its tokens then the stop token, all trained. A
+        `completion` of chat messages (TRL's conversational prompt-completion form: the
+        assistant's turns, with any tool results or user turns between them) is the chat
+        template's rendering of prompt and completion, past the prompt's tokens; where the
+        template marks the assistant's tokens with `{% generation %}` blocks, only those are
+        trained (TRL's `assistant_only_loss`), else all of them.
+
+        Reference: TRL `trainer/sft_trainer.py` (conversational prompt-completion examples,
+        `assistant_only_loss` from the template's `assistant_masks`).
+        """
+        completion = example.get("completion", example.get("answer"))
+        if isinstance(completion, str):
+            ids = [*self.continuation(completion), self.stop_id]
+            return ids, [True] * len(ids)
+        messages = isinstance(completion, list) and completion
+        if not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError(
                 f"task {self.task.name!r}: learning from demonstrations needs examples with a "
-                "text 'completion' or 'answer' column"
+                "'completion' (text or chat messages) or a text 'answer' column"
             )
-        return [*self.continuation(text), self.stop_id]
+        if not (self.chat and isinstance(self.tokenizer, HFTokenizer)):
+            raise ValueError(
+                f"task {self.task.name!r}: a completion of chat messages needs a model whose "
+                "Hugging Face tokenizer has a chat template"
+            )
+        prompt = self.encode(example)
+        ids, marked = self.tokenizer.encode_chat([*self._messages(example), *messages])
+        if ids[: len(prompt)] != prompt:
+            raise ValueError(
+                f"task {self.task.name!r}: the chat template renders prompt {example['prompt']!r} "
+                "differently before its completion than alone, so the completion's tokens "
+                "cannot be told apart"
+            )
+        trained = [True] * len(ids) if marked is None else marked
+        return ids[len(prompt) :], trained[len(prompt) :]
 
     def score(
         self, examples: Sequence[dict[str, Any]], completions: Sequence[Sequence[int]]

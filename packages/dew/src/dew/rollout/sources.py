@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.batch import Batch
-from dew.rollout.generate import Rollout, _reward_components, _shared_prefix
+from dew.rollout.generate import Rollout, reward_component_scores, shared_prefix_of
 from dew.rollout.prompter import Prompter, Prompts
 
 __all__ = [
@@ -242,7 +242,7 @@ def _take_groups(
         )
         for name in parts[0].reward_parts
     }
-    components = _reward_components(scores)
+    components = reward_component_scores(scores)
     present = None if parts[0].attention_mask is None else rows("attention_mask")
     arrays = (*(rows(name) for name in names), components, present)
     *fields, reward_components, attention_mask = _placed(arrays, sharding)
@@ -251,13 +251,18 @@ def _take_groups(
         group=group,
         reward_components=reward_components,
         reward_weights=parts[0].reward_weights,
-        shared_prefix=_shared_prefix(arrays[1], group),
+        shared_prefix=shared_prefix_of(arrays[1], group),
         attention_mask=attention_mask,
     )
 
 
-def _rows(prompter: Prompter, examples, completions, group: int, sharding, rewards=None) -> Batch:
-    """A `Batch` of fixed prompt + completion rows, scored by the task unless `rewards`."""
+def _rows(
+    prompter: Prompter, examples, completions, group: int, sharding, rewards=None, trained=None
+) -> Batch:
+    """A `Batch` of fixed prompt + completion rows, scored by the task unless `rewards`.
+
+    `completion_mask` is true on each completion's tokens, or on those `trained` marks.
+    """
     width = prompter.width + prompter.max_new_tokens
     tokens = np.full((len(examples), width), prompter.pad_id, np.int32)
     prompt_mask = np.zeros(tokens.shape, bool)
@@ -269,7 +274,8 @@ def _rows(prompter: Prompter, examples, completions, group: int, sharding, rewar
         tokens[row, : len(prompt)] = prompt
         tokens[row, len(prompt) : len(prompt) + len(completion)] = completion
         prompt_mask[row, : len(prompt)] = True
-        completion_mask[row, len(prompt) : len(prompt) + len(completion)] = True
+        marks = True if trained is None else trained[row][: len(completion)]
+        completion_mask[row, len(prompt) : len(prompt) + len(completion)] = marks
     if rewards is None:
         rewards, _ = prompter.score(examples, completions)
     arrays = (tokens, prompt_mask, completion_mask, np.zeros(tokens.shape, np.float32), rewards)
@@ -279,7 +285,9 @@ def _rows(prompter: Prompter, examples, completions, group: int, sharding, rewar
 def _demonstrations(prompter: Prompter, examples: Sequence[dict], sharding=None) -> Batch:
     """One row per example: its prompt and its completion (`Prompter.demonstration`), `group = 1`.
 
-    `behavior_log_probs` is 0: nothing was sampled.
+    `completion_mask` is true on the completion's trained tokens (a conversation's assistant
+    tokens, where its chat template marks them). `behavior_log_probs` is 0: nothing was
+    sampled.
 
     Examples:
       >>> from dew.tasks import get_task
@@ -291,8 +299,8 @@ def _demonstrations(prompter: Prompter, examples: Sequence[dict], sharding=None)
       >>> DIGITS.decode(batch.tokens[0][batch.completion_mask[0]])
       '321$'
     """
-    answers = [prompter.demonstration(example) for example in examples]
-    return _rows(prompter, examples, answers, 1, sharding)
+    answers, trained = zip(*(prompter.demonstration(example) for example in examples), strict=True)
+    return _rows(prompter, examples, answers, 1, sharding, trained=trained)
 
 
 class _FromAnswers:

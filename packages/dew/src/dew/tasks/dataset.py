@@ -136,7 +136,7 @@ def _datasets(what: str):
     except ImportError:
         raise ValueError(
             f"--data {what}: reading it needs the datasets library; "
-            "install it with pip install 'dew[datasets]'"
+            "install the dew extra 'datasets' with `uv sync --extra datasets` in the checkout"
         ) from None
     return datasets
 

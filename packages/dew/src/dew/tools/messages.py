@@ -6,12 +6,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dew.tools.calls import ParsedTurn
-from dew.tools.runner import ToolResult, _text_ids
+from dew.tools.runner import ToolResult, text_ids
 
 if TYPE_CHECKING:
     from dew.tokenizers import Tokenizer
 
-__all__ = ["appended_tokens", "closing_tokens", "malformed_results", "tool_messages"]
+__all__ = [
+    "appended_tokens",
+    "closing_tokens",
+    "malformed_results",
+    "shows_tools",
+    "tool_messages",
+    "with_tools_shown",
+]
 
 
 _NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
@@ -48,8 +55,7 @@ def tool_messages(turn: ParsedTurn, results: Sequence[ToolResult]) -> list[dict]
     """
     if len(results) != len(turn.calls):
         raise ValueError(f"{len(results)} results for the turn's {len(turn.calls)} calls")
-    every = [*results, *malformed_results(turn)]
-    return [{"role": "tool", "name": result.name, "content": result.content} for result in every]
+    return [result.message() for result in [*results, *malformed_results(turn)]]
 
 
 def appended_tokens(
@@ -110,11 +116,20 @@ def closing_tokens(tokenizer: "Tokenizer") -> list[int]:
     marker = "\u2063"  # an invisible separator no template writes itself
     turn = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
     rendered = tokenizer.apply_chat_template(turn)
-    return _text_ids(tokenizer, rendered[rendered.rindex(marker) + len(marker) :])[1:]
+    return text_ids(tokenizer, rendered[rendered.rindex(marker) + len(marker) :])[1:]
 
 
-def _shows_tools(tokenizer: "Tokenizer", schemas: list[dict]) -> bool:
-    """Whether the chat template renders tools' schemas (SmolLM2's, among others, drops them)."""
+def shows_tools(tokenizer: "Tokenizer", schemas: list[dict]) -> bool:
+    """Whether the chat template renders tools' schemas (SmolLM2's, among others, drops them).
+
+    Examples:
+      >>> from dew.hf import load_tokenizer
+      >>> schemas = [{"name": "add", "parameters": {"type": "object"}}]
+      >>> shows_tools(load_tokenizer("tests/core/hf/tool-chat"), schemas)
+      True
+      >>> shows_tools(load_tokenizer("tests/core/hf/qwen2-chat"), schemas)  # ChatML, no tools
+      False
+    """
     probe = [{"role": "user", "content": "hi"}]
     render = tokenizer.apply_chat_template
     return render(probe, add_generation_prompt=True, tools=schemas) != render(
@@ -122,14 +137,14 @@ def _shows_tools(tokenizer: "Tokenizer", schemas: list[dict]) -> bool:
     )
 
 
-def _with_tools_shown(messages: list[dict], schemas: list[dict]) -> list[dict]:
+def with_tools_shown(messages: list[dict], schemas: list[dict]) -> list[dict]:
     """`messages` with `schemas` and the Hermes call format shown in their system message.
 
     Appended to the first message when it is a system message, else a system message first;
-    for a chat template that does not show tools itself (`_shows_tools`).
+    for a chat template that does not show tools itself (`shows_tools`).
 
     Examples:
-      >>> shown = _with_tools_shown([{"role": "user", "content": "hi"}], [{"name": "f"}])
+      >>> shown = with_tools_shown([{"role": "user", "content": "hi"}], [{"name": "f"}])
       >>> [m["role"] for m in shown], '{"name": "f"}' in shown[0]["content"]
       (['system', 'user'], True)
     """

@@ -15,7 +15,7 @@ from dew.tools.schema import ToolError, json_schema
 if TYPE_CHECKING:
     from dew.tokenizers import Tokenizer
 
-__all__ = ["ERROR_KINDS", "ToolResult", "ToolRunner", "truncate"]
+__all__ = ["ERROR_KINDS", "ToolResult", "ToolRunner", "text_ids", "truncate"]
 
 
 ERROR_KINDS = ("raised", "timeout", "unknown", "malformed")
@@ -42,6 +42,15 @@ class ToolResult:
     error: str | None
     seconds: float
     truncated: bool = False
+
+    def message(self) -> dict:
+        """The `tool` message that carries the result to the model, as chat templates take it.
+
+        Examples:
+          >>> ToolResult("add", "3", None, 0.01).message()
+          {'role': 'tool', 'name': 'add', 'content': '3'}
+        """
+        return {"role": "tool", "name": self.name, "content": self.content}
 
 
 class ToolRunner:
@@ -215,8 +224,17 @@ def _all_of(futures: list[concurrent.futures.Future]) -> concurrent.futures.Futu
     return combined
 
 
-def _text_ids(tokenizer: "Tokenizer", text: str) -> list[int]:
-    """The ids of `text` without the special tokens the tokenizer adds in front of every text."""
+def text_ids(tokenizer: "Tokenizer", text: str) -> list[int]:
+    """The ids of `text` without the special tokens the tokenizer adds in front of every text.
+
+    Examples:
+      >>> from dew.tokenizers import DIGITS
+      >>> class WithBos:  # writes `^` (BOS) before every text
+      ...     def encode(self, text):
+      ...         return DIGITS.encode("^" + text)
+      >>> WithBos().encode("12"), text_ids(WithBos(), "12"), text_ids(DIGITS, "12")
+      ([1, 6, 7], [6, 7], [6, 7])
+    """
     ids, empty = tokenizer.encode(text), tokenizer.encode("")
     return ids[len(empty) :] if ids[: len(empty)] == empty else ids
 
@@ -233,7 +251,7 @@ def truncate(text: str, tokenizer: "Tokenizer", max_tokens: int) -> tuple[str, b
       >>> truncate("123456", DIGITS, 4), truncate("12", DIGITS, 4)
       (('1234', True), ('12', False))
     """
-    ids = _text_ids(tokenizer, text)
+    ids = text_ids(tokenizer, text)
     if len(ids) <= max_tokens:
         return text, False
     return tokenizer.decode(ids[:max_tokens]).rstrip("\ufffd"), True

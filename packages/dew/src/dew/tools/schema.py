@@ -4,17 +4,16 @@ A tool is a plain typed function with a Google-style docstring; `json_schema` ma
 chat template's `tools` argument takes, the same dict as transformers' `get_json_schema`.
 """
 
-import importlib
 import inspect
 import json
-import os
 import re
-import sys
 import types
 import typing
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
+
+from dew._user_code import load_named
 
 __all__ = ["ENTRY_POINT_GROUP", "ToolError", "json_schema", "load_tool"]
 
@@ -182,8 +181,8 @@ def _choices(text: str, where: str) -> list[str]:
 def load_tool(spec: str) -> Callable:
     """The tool function `spec` names: a `dew.tools` entry point or `module:function`.
 
-    A module is imported as `python -m` would find it (the current folder included). The tool's
-    schema is made here, so every mistake is one `ToolError` line naming `spec`.
+    A module is found as `--reward`'s and `--environment`'s are: installed, or in the current
+    folder. The tool's schema is made here, so every mistake is one `ToolError` line naming `spec`.
 
     Examples:
       >>> load_tool("json:dumps")
@@ -205,15 +204,10 @@ def load_tool(spec: str) -> Callable:
         except Exception as error:  # the installed package's own import failing
             raise ToolError(f"--tool {spec!r}: cannot load {point.value!r} ({error})") from None
     if fn is None and ":" in spec:
-        module, _, attribute = spec.partition(":")
-        if os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())
         try:
-            fn = getattr(importlib.import_module(module), attribute)
-        except ImportError as error:
-            raise ToolError(f"--tool {spec!r}: cannot import {module!r} ({error})") from None
-        except AttributeError:
-            raise ToolError(f"--tool {spec!r}: {module!r} has no {attribute!r}") from None
+            fn = load_named("--tool", spec)
+        except ValueError as error:
+            raise ToolError(str(error)) from None
     if fn is None:
         raise ToolError(f"--tool {spec!r}: no {ENTRY_POINT_GROUP} entry point or module:function")
     if not callable(fn):

@@ -5,6 +5,7 @@
 - `dew.train.callbacks`: metrics, progress, checkpoints and the reward plot around each step.
 - `dew.train.update`: the jitted update over exact micro-batches, cached by its `UpdateSpec`.
 - `dew.train.checkpoint`, `dew.train.runlog`, `dew.train.plot`: the run folder's files.
+- `dew.train.restore`: a run folder read back as a model (`--model runs/x`).
 """
 
 from dew.train.config import ConfigError, TrainConfig

@@ -17,7 +17,7 @@ from typing import Any
 
 from dew.options import ConfigError
 from dew.train.config import TrainConfig
-from dew.train.runlog import CONFIG, read_config
+from dew.train.runlog import CONFIG, read_config, recorded_data
 
 __all__ = [
     "LOCK",
@@ -27,9 +27,11 @@ __all__ = [
     "check_base",
     "check_folder",
     "check_unlocked",
+    "has_checkpoint",
     "holds_lock",
     "resume_changes",
     "run_record",
+    "set_aside",
 ]
 
 LOCK = ".lock"
@@ -67,7 +69,9 @@ def check_folder(run_dir: Path, resume: bool) -> None:
     """Raise `ConfigError` unless `run_dir` can hold this run; creates nothing.
 
     A fresh run needs a folder that does not exist or is empty, under a writable place; a resumed
-    one needs a run folder (one with `config.json`).
+    one needs a run folder (one with `config.json`). A run folder that saved no checkpoint has
+    nothing to resume from: `--resume` starts it again (`set_aside` keeps its files), and
+    the same command without it is refused, naming `--resume`.
 
     Examples:
       >>> import tempfile
@@ -94,12 +98,11 @@ def check_folder(run_dir: Path, resume: bool) -> None:
     is_run = (run_dir / CONFIG).is_file()
     if resume and not is_run:
         raise ConfigError(f"--resume: {run_dir} is not a run folder (no {CONFIG})")
-    if is_run and not _has_checkpoint(run_dir):
-        # Nothing to resume from, so --resume is no way out: the run stopped before its first.
+    if is_run and not resume and not has_checkpoint(run_dir):
         raise ConfigError(
-            f"{'--resume' if resume else '--out'} {run_dir} holds a run that saved no checkpoint "
-            "(it stopped before its first); remove the folder to start it again, or choose "
-            "another --out"
+            f"--out {run_dir} holds a run that saved no checkpoint (it stopped before its "
+            "first); pass --resume to start it again there (its files are kept beside it), or "
+            "choose another --out"
         )
     if not resume and place == run_dir and any(p.name != LOCK for p in run_dir.iterdir()):
         raise ConfigError(
@@ -108,10 +111,42 @@ def check_folder(run_dir: Path, resume: bool) -> None:
         )
 
 
-def _has_checkpoint(run_dir: Path) -> bool:
+def has_checkpoint(run_dir: Path) -> bool:
     """Whether `run_dir/checkpoints` holds a step's folder (Orbax names them by the step)."""
     folder = run_dir / "checkpoints"
     return folder.is_dir() and any(p.is_dir() and p.name.isdigit() for p in folder.iterdir())
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Where run folder `run_dir` is moved: `<name>.attempt-<N>` beside it, the first `N` free.
+
+    `ConfigError` when a process writes it.
+
+    How `--resume` starts again a run that saved no checkpoint, keeping what its attempt wrote
+    (its config, metrics and `end.json`, which `dew runs` lists), as verl's `resume_mode: auto`
+    starts afresh where it finds no checkpoint.
+
+    Examples:
+      >>> import tempfile
+      >>> run_dir = Path(tempfile.mkdtemp()) / "run"
+      >>> _ = (run_dir / "checkpoints").mkdir(parents=True)
+      >>> aside = set_aside(run_dir)
+      >>> aside.name, run_dir.exists(), (aside / "checkpoints").is_dir()
+      ('run.attempt-1', False, True)
+      >>> _ = run_dir.mkdir()
+      >>> set_aside(run_dir).name
+      'run.attempt-2'
+    """
+    lock = RunLock(run_dir)
+    lock.acquire()  # no writer may be inside while it moves
+    try:
+        number = 1
+        while (aside := run_dir.with_name(f"{run_dir.name}.attempt-{number}")).exists():
+            number += 1
+        run_dir.rename(aside)
+    finally:
+        lock.release()
+    return aside
 
 
 class RunLock:
@@ -255,7 +290,11 @@ def resume_changes(run_dir: Path, config: TrainConfig, task_name: str) -> dict[s
     check_base(run_dir, recorded)
     saved = TrainConfig.from_record(recorded).flat()
     saved["task"] = recorded.get("task", saved["task"])
-    now = {**config.flat(), "task": task_name}
+    now = {**config.flat(), "task": task_name, "data": _absolute_data(config.data)}
+    try:
+        saved["data"] = recorded_data(run_dir, recorded)
+    except ValueError:  # recorded relative and found nowhere: the `--data` given takes its place
+        saved["data"] = now["data"]
     changes = {}
     for name, was in saved.items():
         if name in _NOT_OPTIONS or now[name] == was:
@@ -282,6 +321,8 @@ def _difference(name: str, was, now) -> tuple[str, Any, Any]:
 def run_record(config: TrainConfig, run_dir: Path, **extra) -> dict[str, Any]:
     """What `config.json` holds: the config with its run folder, and `extra` entries.
 
+    `--data` is recorded absolute (`_absolute_data`), so the run is read from any folder.
+
     Examples:
       >>> entry = run_record(TrainConfig(), Path("runs/a"), task="reverse")
       >>> entry["run"]["out"], entry["task"], entry["run"]["steps"]
@@ -289,7 +330,19 @@ def run_record(config: TrainConfig, run_dir: Path, **extra) -> dict[str, Any]:
     """
     values = dataclasses.asdict(config)
     values["run"] = {**values["run"], "out": str(run_dir), "resume": False}
+    values["data"] = _absolute_data(config.data)
     return {**values, "base": base_fingerprint(config.model), **extra}
+
+
+def _absolute_data(data: str | None) -> str | None:
+    """`--data` as a run records it: a file or folder made absolute, so its readers find it from
+    any folder; anything else (`NAME:SPLIT` of a cached dataset, None) as it is.
+
+    Examples:
+      >>> _absolute_data(".") == str(Path.cwd()), _absolute_data("gsm8k:main")
+      (True, 'gsm8k:main')
+    """
+    return str(Path(data).absolute()) if data is not None and Path(data).exists() else data
 
 
 def base_fingerprint(model: str) -> str | None:

@@ -21,7 +21,8 @@ from rich.console import Console
 
 from dew.rollout.generate import Rollout
 from dew.rollout.prompter import Prompter
-from dew.train.runlog import _Display, _MetricsFile
+from dew.tasks import Dataset
+from dew.train.runlog import MetricsFile, ProgressDisplay
 
 __all__ = [
     "Callback",
@@ -32,6 +33,8 @@ __all__ = [
     "SampleLog",
     "StepRecord",
     "TrainingRun",
+    "ending_status",
+    "step_samples",
 ]
 
 _SAMPLES_PER_STEP = 4
@@ -108,7 +111,28 @@ class Callback:
         """After a step whose loss is finite."""
 
     def on_end(self, run: TrainingRun) -> None:
-        """Once, when the run finishes or stops."""
+        """Once, when the run finishes or stops (`ending_status` says how)."""
+
+
+def ending_status() -> str:
+    """How the run is ending, from the exception propagating now (called while it unwinds).
+
+    `finished`, `interrupted` (Ctrl-C, SIGTERM) or `failed` (an error): what an `on_end` hook
+    records.
+
+    Examples:
+      >>> ending_status()
+      'finished'
+      >>> try:
+      ...     raise KeyboardInterrupt
+      ... except KeyboardInterrupt:
+      ...     ending_status()
+      'interrupted'
+    """
+    error = sys.exc_info()[1]
+    if error is None:
+        return "finished"
+    return "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
 
 
 class MetricsLog(Callback):
@@ -121,7 +145,7 @@ class MetricsLog(Callback):
     """
 
     def __init__(self, run_dir: Path, resumed_at: int | None = None, write: bool = True):
-        self.file = _MetricsFile(run_dir, keep_through=resumed_at, write=write)
+        self.file = MetricsFile(run_dir, keep_through=resumed_at, write=write)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -136,9 +160,17 @@ class Progress(Callback):
     """The live progress display: a bar on a terminal, a line now and then otherwise."""
 
     def __init__(self, total: int, start: int, console: Console | None, quiet: bool):
-        self.display = _Display(total, start, console, quiet)
+        self.display = ProgressDisplay(total, start, console, quiet)
 
     def on_start(self, run: TrainingRun) -> None:
+        task = run.prompter.task
+        if isinstance(task, Dataset) and not self.display.quiet:  # a split the user never chose
+            self.display.console.print(
+                f"{task.name}: {len(task.train)} examples to train on, {len(task.evaluation)} "
+                "held out for evaluation (a tenth, at most 200, unless --task-option heldout=N)",
+                highlight=False,
+                soft_wrap=True,
+            )
         self.display.begin()
 
     def on_metrics(self, run: TrainingRun, row: dict[str, Any]) -> None:
@@ -208,14 +240,34 @@ class SampleLog(Callback):
             return
         lines = [
             json.dumps(sample, ensure_ascii=False) + "\n"
-            for sample in _step_samples(run.prompter, sampled, step)
+            for sample in step_samples(run.prompter, sampled, step)
         ]
         with self.path.open("a", encoding="utf-8") as out:
             out.writelines(lines)
 
 
-def _step_samples(prompter: Prompter, sampled: Rollout, step: int) -> list[dict[str, Any]]:
-    """A few of a step's rollout samples, as `samples.jsonl` holds them."""
+def step_samples(prompter: Prompter, sampled: Rollout, step: int) -> list[dict[str, Any]]:
+    """A few of a step's rollout samples, as `samples.jsonl` holds them.
+
+    The first row of each of the first 4 groups.
+
+    Examples:
+      >>> import numpy as np
+      >>> from dew.batch import Batch
+      >>> from dew.tasks import get_task
+      >>> from dew.tokenizers import DIGITS
+      >>> prompter = Prompter(get_task("reverse"), DIGITS)
+      >>> tokens = np.array([DIGITS.encode("^12>21$"), DIGITS.encode("^12>1$_")])
+      >>> prompt = np.tile(np.arange(7) < 4, (2, 1))
+      >>> completion = ~prompt & (tokens != DIGITS.pad_token_id)
+      >>> rows, rewards = (tokens, prompt, completion, np.zeros(tokens.shape)), np.array([1.0, 0.0])
+      >>> batch = Batch(*rows, rewards, group=2)
+      >>> examples = [{"prompt": "^12>", "answer": "21"}] * 2
+      >>> rollout = Rollout(batch, examples, *rows, rewards, {"answer_credit": rewards}, 0.0)
+      >>> step_samples(prompter, rollout, step=3)  # doctest: +NORMALIZE_WHITESPACE
+      [{'step': 3, 'prompt': '^12>', 'completion': '21', 'reward': 1.0,
+        'rewards': {'answer_credit': 1.0}}]
+    """
     group = sampled.batch.group
     texts = sampled.texts(prompter)
     samples = []

@@ -7,7 +7,6 @@ function compiled, so a bad option costs nothing but its one-line message.
 """
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Literal
 
 import jax
 
+from dew._user_code import load_named
 from dew.models.lora import LORA_MODULES
 from dew.objective import Objective, load_objective
 from dew.options import (
@@ -25,15 +25,19 @@ from dew.options import (
     ConfigError,
     Range,
     check_options,
+    flag_of,
     option,
 )
-from dew.rewards import Reward, _parse_reward
+from dew.rewards import Reward, parse_reward
 from dew.rollout.prompter import Prompter
+from dew.rollout.sources import Demonstrations, Preferences
 from dew.tasks import Dataset, Task, get_task, load_examples, to_examples
 from dew.tokenizers import DIGITS, Tokenizer
+from dew.train.trackers import tracker_names
 
 __all__ = [
     "CHECKPOINT_DEFAULTS",
+    "SECTIONS",
     "AsyncOptions",
     "ConfigError",
     "EpisodeOptions",
@@ -48,7 +52,13 @@ __all__ = [
     "RunOptions",
     "TrainConfig",
     "UpdateOptions",
+    "load_environment",
+    "make_prompter",
+    "make_rollouts",
+    "resolve_objective_and_task",
+    "resolve_task",
     "validate",
+    "with_data",
 ]
 
 
@@ -281,7 +291,7 @@ class AsyncOptions:
     rollout_devices: int = option(0, NON_NEGATIVE)
 
 
-_SECTIONS = {
+SECTIONS = {
     "run": RunOptions,
     "prompting": PromptOptions,
     "rollout": RolloutOptions,
@@ -295,6 +305,7 @@ _SECTIONS = {
     "episodes": EpisodeOptions,
     "asynchronous": AsyncOptions,
 }
+"""Each section of `TrainConfig`, by field name, with the options class it holds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +318,8 @@ class TrainConfig:
     Attributes:
       objective: the objective, by entry-point name.
       task: the task, by name.
-      model: a built-in model (tiny, default, small), smollm2, a checkpoint folder or a .gguf file.
+      model: a built-in model (tiny, default, small), smollm2, a checkpoint folder, a .gguf file
+        or a Hugging Face Hub model (org/name).
       data: examples to train on, in place of `--task`: a .jsonl or .parquet file, a folder
         datasets' save_to_disk wrote, or NAME:SPLIT of a dataset in the Hugging Face cache.
       rewards: the reward functions (`NAME[=WEIGHT]`), in place of the task's.
@@ -369,7 +381,7 @@ class TrainConfig:
 
     def replace(self, **options) -> "TrainConfig":
         """A copy with `options` set, each named as its flag is (`steps`, not `run.steps`)."""
-        top = {f.name for f in dataclasses.fields(self)} - set(_SECTIONS)
+        top = {f.name for f in dataclasses.fields(self)} - set(SECTIONS)
         changes: dict[str, Any] = {k: v for k, v in options.items() if k in top}
         sections: dict[str, dict[str, Any]] = {}
         for name, value in options.items():
@@ -394,7 +406,7 @@ class TrainConfig:
         values = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name in _SECTIONS:
+            if field.name in SECTIONS:
                 values.update(dataclasses.asdict(value))
             else:
                 values[field.name] = value
@@ -414,7 +426,7 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         flat: dict[str, Any] = {}
         for name, value in record.items():
-            if name in _SECTIONS and isinstance(value, Mapping):
+            if name in SECTIONS and isinstance(value, Mapping):
                 flat.update(value)
             elif name in known:
                 flat[name] = value
@@ -453,21 +465,21 @@ def _option_section(name: str) -> str | None:
       >>> _option_section("lr"), _option_section("prompts"), _option_section("nope")
       ('optimizer', 'rollout', None)
     """
-    for section, cls in _SECTIONS.items():
+    for section, cls in SECTIONS.items():
         if name in {f.name for f in dataclasses.fields(cls)}:
             return section
     return None
 
 
-def _resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
+def resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
     """The task a run uses: `task` when given, else `--data`'s examples, else `--task` by name.
 
     `--data FILE` makes the task a `Dataset` of the file's examples, named by the file's stem.
 
     Examples:
-      >>> _resolve_task(TrainConfig(task="sort")).name
+      >>> resolve_task(TrainConfig(task="sort")).name
       'sort'
-      >>> _resolve_task(TrainConfig(task="nope"))  # doctest: +ELLIPSIS
+      >>> resolve_task(TrainConfig(task="nope"))  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
       dew.options.ConfigError: unknown task 'nope'; available: ...
@@ -483,9 +495,7 @@ def _resolve_task(config: TrainConfig, task: Task | None = None) -> Task:
         raise ConfigError(str(error)) from error
 
 
-def _with_data(
-    config: TrainConfig, data: Any, task: Task | None
-) -> tuple[TrainConfig, Task | None]:
+def with_data(config: TrainConfig, data: Any, task: Task | None) -> tuple[TrainConfig, Task | None]:
     """The config and task of `train(config, data=data, task=task)`.
 
     A path becomes `--data` (recorded in `config.json`, so a resume finds it again); examples in
@@ -493,11 +503,11 @@ def _with_data(
     named `data`.
 
     Examples:
-      >>> config, task = _with_data(TrainConfig(), "questions.jsonl", None)
+      >>> config, task = with_data(TrainConfig(), "questions.jsonl", None)
       >>> config.data, task
       ('questions.jsonl', None)
       >>> rows = [{"prompt": f"{a} + 1 = ?", "answer": a + 1} for a in range(10)]
-      >>> _with_data(TrainConfig(), rows, None)[1].train[0]
+      >>> with_data(TrainConfig(), rows, None)[1].train[0]
       {'prompt': '0 + 1 = ?', 'answer': 1}
     """
     if data is None:
@@ -512,11 +522,13 @@ def _with_data(
         raise ConfigError(str(error)) from error
 
 
-def _resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective, Task]:
+def resolve_objective_and_task(
+    config: TrainConfig, objective=None, task=None
+) -> tuple[Objective, Task]:
     """The objective and task a run uses: the instances given, else loaded by name.
 
     Examples:
-      >>> objective, task = _resolve(TrainConfig(objective="sft", task="sort"))
+      >>> objective, task = resolve_objective_and_task(TrainConfig(objective="sft", task="sort"))
       >>> objective, task.name
       (SFT(), 'sort')
     """
@@ -525,7 +537,7 @@ def _resolve(config: TrainConfig, objective=None, task=None) -> tuple[Objective,
             objective = load_objective(config.objective, config.objective_options)
         except (ValueError, TypeError) as error:
             raise ConfigError(str(error)) from error
-    return objective, _resolve_task(config, task)
+    return objective, resolve_task(config, task)
 
 
 def _reward_options(config: TrainConfig) -> dict[str, dict[str, Any]]:
@@ -577,29 +589,38 @@ def _reward_model(spec: str, devices: int | None) -> Reward:
         model, tokenizer = hf.load_reward_model(path), hf.load_tokenizer(path)
         scorer = TextScorer(model, tokenizer, devices)
     except ValueError as error:  # CheckpointError, or a tokenizer without a chat template
-        raise ConfigError(f"--reward-model {path}: {error}") from None
+        reason = str(error).removeprefix(f"{path}: ")  # the folder named once
+        raise ConfigError(f"--reward-model {path}: {reason}") from None
     return Reward(Path(path).name, scorer, weight)
 
 
-def _make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGITS) -> Prompter:
+def make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGITS) -> Prompter:
     """The `Prompter` of `task` on `tokenizer` with the run's prompt options and `--reward`s.
+
+    `--tool` and `--environment-tools` need a tokenizer with a chat template: the tools'
+    schemas reach the model through it, and the model never sees them without one.
 
     Examples:
       >>> from dew.tasks import get_task
       >>> config = TrainConfig().replace(max_new_tokens=9)
-      >>> _make_prompter(config, get_task("reverse")).max_new_tokens
+      >>> make_prompter(config, get_task("reverse")).max_new_tokens
       9
-      >>> _make_prompter(TrainConfig(rewards=("nope",)), get_task("reverse"))  # doctest: +ELLIPSIS
+      >>> make_prompter(TrainConfig(rewards=("nope",)), get_task("reverse"))  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
       dew.options.ConfigError: --reward 'nope': unknown reward; available: ...
+      >>> make_prompter(TrainConfig(tools=("calculator",)), get_task("reverse"))
+      ... # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --tool 'calculator': model 'default' has no chat template, ...
     """
     options = _reward_options(config)
     try:
         rewards = None
         if config.rewards:
             rewards = tuple(
-                _parse_reward(spec, options.pop(spec.partition("=")[0], {}))
+                parse_reward(spec, options.pop(spec.partition("=")[0], {}))
                 for spec in config.rewards
             )
         if options:
@@ -608,7 +629,7 @@ def _make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGIT
             models = [_reward_model(spec, config.mesh.devices) for spec in config.reward_models]
             rewards = (*(task.rewards if rewards is None else rewards), *models)
         prompting = config.prompting
-        return Prompter(
+        prompter = Prompter(
             task,
             tokenizer,
             system_prompt=prompting.system_prompt,
@@ -618,28 +639,36 @@ def _make_prompter(config: TrainConfig, task: Task, tokenizer: Tokenizer = DIGIT
         )
     except ValueError as error:
         raise ConfigError(str(error)) from error
+    shown = f"--tool {config.tools[0]!r}" if config.tools else None
+    if config.episodes.environment_tools:
+        shown = shown or "--environment-tools"
+    if shown and not prompter.chat:
+        raise ConfigError(
+            f"{shown}: model {config.model!r} has no chat template, which is what shows a "
+            "model its tools, so it could never call one; use a chat model (smollm2, or a "
+            "checkpoint folder with a chat template)"
+        )
+    return prompter
 
 
-def _make_rollouts(config: TrainConfig):
+def make_rollouts(config: TrainConfig):
     """How the run's prompts become rollouts: episodes with `--tool`s or an `--environment`.
 
     Examples:
-      >>> type(_make_rollouts(TrainConfig())).__name__
+      >>> type(make_rollouts(TrainConfig())).__name__
       'SingleTurn'
-      >>> _make_rollouts(TrainConfig(environment="nowhere:Game"))
+      >>> make_rollouts(TrainConfig(environment="nowhere:Game"))  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
-      dew.options.ConfigError: --environment 'nowhere:Game': no module named 'nowhere'
+      dew.options.ConfigError: --environment 'nowhere:Game': cannot import 'nowhere' (...)
     """
     from dew.rollout.generate import SingleTurn
 
-    if config.episodes.environment_tools and config.environment is None:
-        raise ConfigError("--environment-tools needs --environment")
     if not config.tools and config.environment is None:
         return SingleTurn()
     from dew.rollout.episode import EpisodeLimits, Episodes
 
-    environment = None if config.environment is None else _load_environment(config.environment)
+    environment = None if config.environment is None else load_environment(config.environment)
     tools = []
     if config.tools:
         from dew.tools import load_tool
@@ -647,8 +676,8 @@ def _make_rollouts(config: TrainConfig):
         for spec in config.tools:
             try:
                 tools.append(load_tool(spec))
-            except ValueError as error:
-                raise ConfigError(f"--tool {spec!r}: {error}") from error
+            except ValueError as error:  # a `ToolError` that names the flag already
+                raise ConfigError(str(error)) from error
     caps = config.episodes
     limits = EpisodeLimits(
         max_turns=caps.max_turns,
@@ -669,19 +698,25 @@ def _make_rollouts(config: TrainConfig):
         raise ConfigError(f"--environment {config.environment!r}: {error}") from error
 
 
-def _load_environment(spec: str) -> type:
-    """The class `module:Class` names; `ConfigError` naming `--environment` when it cannot."""
-    module_name, _, name = spec.partition(":")
-    if not module_name or not name:
-        raise ConfigError(f"--environment {spec!r}: expected module:Class")
+def load_environment(spec: str) -> type:
+    """The class `module:Class` names, found as `--reward` and `--tool` find theirs.
+
+    `ConfigError` naming `--environment` when it cannot be imported or is not an environment.
+
+    Examples:
+      >>> load_environment("json:dump")
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --environment 'json:dump': json has no class dump with reset and step
+    """
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(f"--environment {spec!r}: no module named {error.name!r}") from error
-    environment = getattr(module, name, None)
+        environment = load_named("--environment", spec)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(environment, type) or not callable(getattr(environment, "step", None)):
+        module, _, name = spec.partition(":")
         raise ConfigError(
-            f"--environment {spec!r}: {module_name} has no class {name} with reset and step"
+            f"--environment {spec!r}: {module} has no class {name} with reset and step"
         )
     return environment
 
@@ -706,11 +741,7 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
       ...
       dew.options.ConfigError: --report-to: unknown tracker 'neptune'; choose from tensorboard, ...
     """
-    from dew.train.trackers import (
-        tracker_names,  # here: it imports the run folder, which imports this
-    )
-
-    for section in _SECTIONS:
+    for section in SECTIONS:
         check_options(getattr(config, section))
     tracker_names(config.run.report_to)
     rollout, update = config.rollout, config.update
@@ -747,6 +778,7 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
             f"processes, got {devices}"
         )
     _check_async(config, objective, devices)
+    _check_episodes(config)
     training = devices - config.asynchronous.rollout_devices
     rows = source.rows(rollout.prompts, rollout.group)
     for what, count in (
@@ -756,6 +788,40 @@ def validate(config: TrainConfig, objective: Objective, device_count: int | None
         if count % training:
             flag = "--devices less --rollout-devices" if training != devices else "--devices"
             raise ConfigError(f"{flag} ({training}) must divide the {what} ({count})")
+
+
+_TOOL_CAPS = ("max_result_tokens", "max_calls_per_turn", "tool_timeout")
+"""The episode options that only tool calls read."""
+
+
+def _check_episodes(config: TrainConfig) -> None:
+    """`ConfigError` naming an episode option the run would ignore, set away from its default.
+
+    The caps of an episode need `--tool` or `--environment`, those of a tool call a tool
+    (`--tool`, or `--environment-tools`), and `--environment-tools` an environment.
+
+    Examples:
+      >>> _check_episodes(TrainConfig().replace(max_turns=3))
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --max-turns needs --tool or --environment
+      >>> _check_episodes(TrainConfig(environment="m:Game").replace(max_calls_per_turn=2))
+      Traceback (most recent call last):
+      ...
+      dew.options.ConfigError: --max-calls-per-turn needs --tool or --environment-tools
+      >>> _check_episodes(TrainConfig(environment="m:Game").replace(max_turns=3))
+    """
+    options, defaults = config.episodes, EpisodeOptions()
+    if options.environment_tools and config.environment is None:
+        raise ConfigError("--environment-tools needs --environment")
+    calls_tools = bool(config.tools) or options.environment_tools
+    for field in dataclasses.fields(options):
+        if getattr(options, field.name) == getattr(defaults, field.name):
+            continue
+        if field.name in _TOOL_CAPS and not calls_tools:
+            raise ConfigError(f"{flag_of(field)} needs --tool or --environment-tools")
+        if not config.tools and config.environment is None:
+            raise ConfigError(f"{flag_of(field)} needs --tool or --environment")
 
 
 def _check_rollout_processes(staleness: int, apart: int, fsdp: bool) -> None:
@@ -808,7 +874,7 @@ def _check_async(config: TrainConfig, objective: Objective, devices: int) -> Non
       ... # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
-      dew.options.ConfigError: --max-staleness 1: objective 'sft' cannot train on rollouts ...
+      dew.options.ConfigError: --max-staleness 1: objective 'sft' trains on its examples' ...
       >>> _check_async(TrainConfig().replace(rollout_devices=2), SFT(), 2)
       Traceback (most recent call last):
       ...
@@ -817,10 +883,16 @@ def _check_async(config: TrainConfig, objective: Objective, devices: int) -> Non
     options = config.asynchronous
     staleness, apart = options.max_staleness, options.rollout_devices
     if staleness and not getattr(objective, "off_policy", False):
+        why = (
+            "trains on its examples' own completions (it samples only to report a reward), "
+            "so there is no rollout to sample ahead"
+            if isinstance(objective.source, Demonstrations | Preferences)
+            else "cannot train on rollouts of older weights (its loss has no weight for the "
+            "policy that sampled)"
+        )
         raise ConfigError(
-            f"--max-staleness {staleness}: objective {config.objective!r} cannot train on "
-            "rollouts of older weights (its loss does not correct for the sampling policy); "
-            "use 0, or a policy-gradient objective (grpo, dapo, ...)"
+            f"--max-staleness {staleness}: objective {config.objective!r} {why}; use 0, or a "
+            "policy-gradient objective (grpo, dapo, ...)"
         )
     if apart >= devices:
         raise ConfigError(

@@ -14,8 +14,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 __all__ = [
     "CONFIG",
     "METRICS",
+    "MetricsFile",
+    "ProgressDisplay",
+    "default_run_dir",
     "read_config",
     "read_metrics",
+    "recorded_data",
+    "write_config",
 ]
 
 CONFIG = "config.json"
@@ -24,17 +29,17 @@ _PRINT_EVERY_S = 5.0
 """Without a terminal, a progress line at least this often (and every twentieth of the run)."""
 
 
-def _default_run_dir(root: str | Path = "runs") -> Path:
+def default_run_dir(root: str | Path = "runs") -> Path:
     """`root/<YYYYmmdd-HHMMSS>`, with a `-N` suffix when that folder already exists.
 
     Examples:
       >>> import tempfile
       >>> root = Path(tempfile.mkdtemp())
-      >>> first = _default_run_dir(root)
+      >>> first = default_run_dir(root)
       >>> first.parent == root, len(first.name), first.name[8]
       (True, 15, '-')
       >>> first.mkdir()
-      >>> second = _default_run_dir(root)  # `first.name + "-1"` within the same second
+      >>> second = default_run_dir(root)  # `first.name + "-1"` within the same second
       >>> second != first and not second.exists()
       True
     """
@@ -45,13 +50,13 @@ def _default_run_dir(root: str | Path = "runs") -> Path:
     return candidate
 
 
-def _write_config(run_dir: Path, config: dict[str, Any]) -> None:
+def write_config(run_dir: Path, config: dict[str, Any]) -> None:
     """Write `config` to `run_dir/config.json`.
 
     Examples:
       >>> import tempfile
       >>> run_dir = Path(tempfile.mkdtemp())
-      >>> _write_config(run_dir, {"task": "reverse", "steps": 2})
+      >>> write_config(run_dir, {"task": "reverse", "steps": 2})
       >>> print((run_dir / "config.json").read_text(), end="")
       {
         "steps": 2,
@@ -69,7 +74,7 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     Examples:
       >>> import tempfile
       >>> run_dir = Path(tempfile.mkdtemp())
-      >>> _write_config(run_dir, {"task": "reverse", "steps": 2})
+      >>> write_config(run_dir, {"task": "reverse", "steps": 2})
       >>> read_config(run_dir)
       {'steps': 2, 'task': 'reverse'}
       >>> read_config(tempfile.mkdtemp())  # doctest: +ELLIPSIS
@@ -83,6 +88,48 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def recorded_data(run_dir: str | Path, record: dict[str, Any]) -> str | None:
+    """The `--data` of a run's `config.json` `record`, as a path any folder reads; None if none.
+
+    A run records it absolute. One recorded relative (by an older Dew) is looked for in the
+    folder the run was started in (the one its relative `--out` led from to `run_dir`), then in
+    the current folder; `NAME:SPLIT` of a cached Hugging Face dataset is no path and stays as it
+    is. `ValueError` naming the run's `config.json` and `--data` when it is in neither.
+
+    Examples:
+      >>> import os, tempfile
+      >>> started = Path(tempfile.mkdtemp())
+      >>> _ = (started / "q.jsonl").write_text("")
+      >>> record = {"data": "q.jsonl", "run": {"out": "runs/a"}}
+      >>> recorded_data(started / "runs" / "a", record) == str(started / "q.jsonl")
+      True
+      >>> recorded_data("runs/a", {"data": "gsm8k:train", "run": {"out": "runs/a"}})
+      'gsm8k:train'
+      >>> recorded_data(Path("/m/a"), {"data": "x.jsonl", "run": {"out": "/a"}})
+      ... # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: /m/a/config.json records --data 'x.jsonl' relative to ...; pass --data ...
+    """
+    data = record.get("data")
+    if data is None or Path(data).is_absolute():
+        return data
+    run_dir = Path(run_dir).absolute()
+    out = Path(record.get("run", {}).get("out") or run_dir)
+    places = [Path.cwd()]
+    if not out.is_absolute() and run_dir.parts[-len(out.parts) :] == out.parts:
+        places.insert(0, Path(*run_dir.parts[: -len(out.parts)]))
+    for place in places:
+        if (place / data).exists():
+            return str(place / data)
+    if ":" in data:  # NAME:SPLIT, read from the Hugging Face cache
+        return data
+    raise ValueError(
+        f"{run_dir / CONFIG} records --data {data!r} relative to the folder the run started "
+        "in, and it is not found; pass --data with its path"
+    )
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of `run_dir/metrics.jsonl`, in order (empty when absent).
 
@@ -91,7 +138,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
       >>> run_dir = Path(tempfile.mkdtemp())
       >>> read_metrics(run_dir)
       []
-      >>> _MetricsFile(run_dir).append({"step": 1, "reward": 0.5, "loss": float("nan")})
+      >>> MetricsFile(run_dir).append({"step": 1, "reward": 0.5, "loss": float("nan")})
       >>> read_metrics(run_dir)  # NaN was written as null
       [{'step': 1, 'reward': 0.5, 'loss': None}]
       >>> with (run_dir / METRICS).open("a") as torn:
@@ -117,7 +164,7 @@ def _clean(value):
     return value
 
 
-class _MetricsFile:
+class MetricsFile:
     """`metrics.jsonl`: one JSON object per step, flushed as it is written."""
 
     def __init__(self, run_dir: Path, keep_through: int | None = None, write: bool = True):
@@ -144,14 +191,19 @@ class _MetricsFile:
 
 def _pace(seconds: list[float], left: int) -> str:
     """A run's pace from its steps' `seconds`: steps/s, or s/step when slower than one a second,
-    and the time the `left` steps will take at the mean of the steps after the first (which
-    compiles), or of the first alone.
+    and the time the `left` steps will take at the mean of the steps after the first.
+
+    The first step compiles, so it says nothing of the pace: after it alone, only its time.
 
     Examples:
       >>> _pace([40.0, 12.0, 14.0], 27), _pace([0.5, 0.2], 10)
       ('13.0 s/step, ETA 5m51s', '5.00 steps/s, ETA 2s')
+      >>> _pace([40.0], 27)
+      '40.0 s compiling, no ETA yet'
     """
-    steady = seconds[1:] or seconds
+    if len(seconds) == 1:
+        return f"{seconds[0]:.1f} s compiling, no ETA yet"
+    steady = seconds[1:]
     mean = sum(steady) / len(steady)
     rate = f"{mean:.1f} s/step" if mean >= 1.0 else f"{1.0 / mean:.2f} steps/s"
     return f"{rate}, ETA {_duration(mean * left)}"
@@ -170,7 +222,7 @@ def _duration(seconds: float) -> str:
 _FIRST_STEP = "compiling the sampler and the update: the first step takes longest"
 
 
-class _Display:
+class ProgressDisplay:
     """A rich progress bar (step, reward, pace and ETA) on a terminal; plain lines otherwise.
 
     Without a terminal (a log file, CI) a line is printed every twentieth of the run and at least

@@ -2,7 +2,8 @@
 
 A run folder says how its run ended in `end.json` (`RunEnd` writes it, however the run stops):
 `finished`, `interrupted` (Ctrl-C, SIGTERM) or `failed` (an error). A folder whose `.lock` a
-process holds is `running`; one that ended without a word (its process killed) is `interrupted`.
+process holds is `running` (`check_unlocked` refuses it to a second writer); one that ended
+without a word (its process killed) is `interrupted`.
 `dew runs [FOLDER]` prints the table.
 """
 
@@ -15,14 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dew.train._folder import LOCK
-from dew.train.callbacks import Callback, TrainingRun
+from dew.train._folder import LOCK, check_unlocked
+from dew.train.callbacks import Callback, TrainingRun, ending_status
 from dew.train.runlog import CONFIG, read_config, read_metrics
 
 __all__ = [
     "END",
     "RunEnd",
     "RunSummary",
+    "check_unlocked",
     "list_runs",
     "run_options",
     "summarize_run",
@@ -32,22 +34,16 @@ END = "end.json"
 """The run folder's record of how its run last ended."""
 
 
-def _ending_status() -> str:
-    """How the run is ending, from the exception propagating now (called while it unwinds).
-
-    Examples:
-      >>> _ending_status()
-      'finished'
-      >>> try:
-      ...     raise KeyboardInterrupt
-      ... except KeyboardInterrupt:
-      ...     _ending_status()
-      'interrupted'
-    """
-    error = sys.exc_info()[1]
-    if error is None:
-        return "finished"
-    return "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+_RUN_KEEPING = (
+    "out",
+    "resume",
+    "report_to",
+    "checkpoint_every",
+    "checkpoint_minutes",
+    "samples_every",
+    "memory_check",
+)
+"""The options that say where a run writes, reports and checkpoints, not what it trains."""
 
 
 class RunEnd(Callback):
@@ -58,7 +54,7 @@ class RunEnd(Callback):
 
     def on_end(self, run: TrainingRun) -> None:
         error = sys.exc_info()[1]
-        record = {"status": _ending_status(), "step": run.step}
+        record = {"status": ending_status(), "step": run.step}
         if error is not None and not isinstance(error, KeyboardInterrupt):
             record["error"] = f"{type(error).__name__}: {error}"
         with contextlib.suppress(OSError):  # the error that stopped the run is the one to show
@@ -124,11 +120,11 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
 
     Examples:
       >>> import tempfile
-      >>> from dew.train.runlog import _MetricsFile, _write_config
+      >>> from dew.train.runlog import MetricsFile, write_config
       >>> run_dir = Path(tempfile.mkdtemp())
-      >>> _write_config(run_dir, {"objective": "grpo", "model": "tiny", "task": "reverse",
+      >>> write_config(run_dir, {"objective": "grpo", "model": "tiny", "task": "reverse",
       ...                         "run": {"steps": 4}})
-      >>> _MetricsFile(run_dir).append({"step": 1, "reward": 0.25, "eval/pass@1": 0.5})
+      >>> MetricsFile(run_dir).append({"step": 1, "reward": 0.25, "eval/pass@1": 0.5})
       >>> summary = summarize_run(run_dir)
       >>> summary.steps_done, summary.steps, summary.reward, summary.pass_at_1, summary.status
       (1, 4, 0.25, 0.5, 'interrupted')
@@ -168,22 +164,30 @@ def list_runs(folder: str | Path = "runs") -> list[RunSummary]:
 
 
 def run_options(run_dir: str | Path) -> dict[str, Any]:
-    """A run's options by flag name (`lr`, `group`, ...), its task's name included.
+    """A run's options by flag name (`lr`, `group`, ...) that shape what it trains and measures.
+
+    Its task's name is included; where it writes, reports and checkpoints (`out`, `resume`,
+    `report_to`, `checkpoint_every`, `checkpoint_minutes`, `samples_every`, `memory_check`) is
+    left out, and so are the episode caps (`max_turns`, ...) of a run without tools or an
+    environment, which never used them.
 
     Examples:
       >>> import tempfile
-      >>> from dew.train.runlog import _write_config
+      >>> from dew.train.runlog import write_config
       >>> run_dir = Path(tempfile.mkdtemp())
-      >>> _write_config(run_dir, {"task": "sort", "optimizer": {"lr": 0.003}})
+      >>> write_config(run_dir, {"task": "sort", "optimizer": {"lr": 0.003}})
       >>> options = run_options(run_dir)
-      >>> options["lr"], options["task"], "out" in options
-      (0.003, 'sort', False)
+      >>> options["lr"], options["task"], "report_to" in options, "max_turns" in options
+      (0.003, 'sort', False, False)
     """
-    from dew.train.config import TrainConfig
+    from dew.train.config import EpisodeOptions, TrainConfig
 
     record = read_config(run_dir)
     options = TrainConfig.from_record(record).flat()
     options["task"] = record.get("task", options["task"])
-    for name in ("out", "resume"):
+    unused = list(_RUN_KEEPING)
+    if not options["tools"] and options["environment"] is None:
+        unused += [field.name for field in dataclasses.fields(EpisodeOptions)]
+    for name in unused:
         options.pop(name)
     return options

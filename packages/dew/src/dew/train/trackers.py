@@ -4,10 +4,10 @@
 hands each tracker every row of `metrics.jsonl` (the held-out `eval/...` metrics in the rows of
 the steps evaluated), the nested config as hyperparameters at the start, and a table of sample
 completions every `--samples-every` steps. Each tracker is its own library's client, an extra of
-the `dew` package (`pip install 'dew[wandb]'`), imported only when a run asks for it: TensorBoard
-event files through tensorboardX, W&B (`WANDB_MODE`, `WANDB_PROJECT` as W&B reads them), MLflow's
-tracking client (`MLFLOW_TRACKING_URI`, `MLFLOW_EXPERIMENT_NAME`) and trackio's local store
-(`TRACKIO_DIR`).
+the `dew` package (`uv sync --extra wandb` in the checkout), imported only when a run asks for
+it: TensorBoard event files through tensorboardX, W&B (`WANDB_MODE`, `WANDB_PROJECT` as W&B
+reads them), MLflow's tracking client (`MLFLOW_TRACKING_URI`, `MLFLOW_EXPERIMENT_NAME`) and
+trackio's local store (`TRACKIO_DIR`).
 
 A tracker that fails (a network, a disk) is one warning, and the run goes on without it;
 `metrics.jsonl` never depends on one. The run folder's `trackers.json` keeps what a resumed run
@@ -31,8 +31,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dew.options import ConfigError
-from dew.train.callbacks import Callback, StepRecord, TrainingRun, _step_samples
-from dew.train.runs import _ending_status
+from dew.train.callbacks import (
+    Callback,
+    StepRecord,
+    TrainingRun,
+    ending_status,
+    step_samples,
+)
 
 __all__ = [
     "STATE",
@@ -40,6 +45,7 @@ __all__ = [
     "Reporting",
     "Tracker",
     "TrackerRun",
+    "reporting_callbacks",
     "tracker_names",
 ]
 
@@ -89,8 +95,8 @@ def tracker_names(report_to: str | None) -> tuple[str, ...]:
             )
         if importlib.util.find_spec(TRACKERS[name]) is None:
             raise ConfigError(
-                f"--report-to {name}: {TRACKERS[name]} is not installed; "
-                f"install it with pip install 'dew[{name}]'"
+                f"--report-to {name}: {TRACKERS[name]} is not installed; install the "
+                f"dew extra {name!r} with `uv sync --extra {name}` in the checkout"
             )
     return names
 
@@ -328,8 +334,16 @@ class _MLflow:
         self.client.set_terminated(self.run_id, status=_MLFLOW_STATUS[status])
 
 
+_TRACKIO_NAMES = {"time": "time_s"}
+"""The metrics whose names trackio reserves, with the names trackio is sent them under (it would
+rename `time` to `__time` itself, with a warning)."""
+
+
 class _Trackio:
-    """A trackio run in its local store (`TRACKIO_DIR`); a resume continues the run by name."""
+    """A trackio run in its local store (`TRACKIO_DIR`); a resume continues the run by name.
+
+    The run's `time` is `time_s` there: trackio reserves the name.
+    """
 
     def __init__(self, run: TrackerRun):
         import trackio
@@ -347,7 +361,7 @@ class _Trackio:
         )
 
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
-        self.run.log(dict(values), step=step)
+        self.run.log({_TRACKIO_NAMES.get(k, k): v for k, v in values.items()}, step=step)
 
     def samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         columns = list(rows[0])
@@ -355,7 +369,8 @@ class _Trackio:
         self.run.log({"samples": self.trackio.Table(columns=columns, data=data)}, step=step)
 
     def close(self, status: str) -> None:
-        self.run.finish()
+        # trackio's own `finish` also forgets the run, which its exit hook would finish again.
+        self.trackio.finish()
 
 
 _OPENERS: dict[str, Callable[[TrackerRun], Tracker]] = {
@@ -496,10 +511,10 @@ class Reporting(Callback):
     def on_step(self, run: TrainingRun, record: StepRecord) -> None:
         step = record.step
         if self.samples_every and step % self.samples_every == 0 and record.rollout is not None:
-            self.report_samples(step, _step_samples(run.prompter, record.rollout, step))
+            self.report_samples(step, step_samples(run.prompter, record.rollout, step))
 
     def on_end(self, run: TrainingRun) -> None:
-        self.close(_ending_status())
+        self.close(ending_status())
 
 
 def _read_state(run_dir: Path) -> dict[str, Any]:
@@ -512,10 +527,15 @@ def _read_state(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-def _reporting(
+def reporting_callbacks(
     report_to: str | None, run_dir: Path, samples_every: int, hyperparameters: Mapping[str, Any]
 ) -> list[Callback]:
-    """The `Reporting` callback of `--report-to` (as a list: none when it names no tracker)."""
+    """The `Reporting` callback of `--report-to` (as a list: none when it names no tracker).
+
+    Examples:
+      >>> reporting_callbacks(None, Path("."), 1, {})
+      []
+    """
     names = tracker_names(report_to)
     if not names:
         return []

@@ -29,18 +29,26 @@ from rich.console import Console
 
 from dew._model_checks import check_context
 from dew.batch import Batch
-from dew.compile_cache import _preload
+from dew.compile_cache import preload_programs
 from dew.distributed import barrier, collect, is_primary, post
 from dew.evaluation import evaluate as evaluate_policy
 from dew.mesh import batch_sharding, make_mesh, param_shardings, to_host
-from dew.models.lora import _adapters_off, add_lora, trainable
-from dew.models.registry import ModelSource, resolve_model
+from dew.models.lora import adapters_off, add_lora, trainable
+from dew.models.registry import ModelSource
 from dew.objective import Objective
 from dew.rollout import Prompter, Prompts, Rollout, StepRollout
+from dew.rollout.episode import EpisodeError
 from dew.rollout.generate import Drawn, Rollouts
 from dew.tasks import Task
 from dew.train import _packing
-from dew.train._folder import RunLock, check_folder, resume_changes, run_record
+from dew.train._folder import (
+    RunLock,
+    check_folder,
+    has_checkpoint,
+    resume_changes,
+    run_record,
+    set_aside,
+)
 from dew.train._heap import release_freed, settle, unsettle
 from dew.train._memory import check_memory
 from dew.train._pipeline import AheadSampler, Placement, RemoteSampler, serve, staleness_metrics
@@ -59,22 +67,23 @@ from dew.train.config import (
     ConfigError,
     RunOptions,
     TrainConfig,
-    _make_prompter,
-    _make_rollouts,
-    _resolve,
-    _with_data,
+    make_prompter,
+    make_rollouts,
+    resolve_objective_and_task,
     validate,
+    with_data,
 )
-from dew.train.runlog import _default_run_dir, _write_config, read_config
+from dew.train.restore import resolve_model
+from dew.train.runlog import default_run_dir, read_config, write_config
 from dew.train.runs import RunEnd
-from dew.train.trackers import _reporting
+from dew.train.trackers import reporting_callbacks
 from dew.train.update import (
     UpdateSpec,
-    _compiled_reference,
-    _compiled_update,
-    _schedule_steps,
-    _update_temperature,
+    compiled_reference,
+    compiled_update,
     optimizer,
+    schedule_steps,
+    update_temperature,
 )
 
 __all__ = [
@@ -93,7 +102,11 @@ _RESUMED = "dew/resumed-step"
 
 
 class TrainingError(RuntimeError):
-    """Training stopped: a non-finite loss or a file it could not write; the checkpoints stay."""
+    """Training stopped; the checkpoints stay.
+
+    For a non-finite loss, a file it could not write, or an environment that failed every
+    episode of a step.
+    """
 
 
 @dataclasses.dataclass
@@ -181,8 +194,8 @@ class Trainer:
             tokenizer = source.tokenizer()
         except ValueError as error:
             raise ConfigError(str(error)) from error
-        self.objective, self.task = _resolve(config, objective, task)
-        self.prompter = _make_prompter(config, self.task, tokenizer)
+        self.objective, self.task = resolve_objective_and_task(config, objective, task)
+        self.prompter = make_prompter(config, self.task, tokenizer)
         validate(config, self.objective)
         _warn_uncorrected(config, self.objective)
         _check_context(self.prompter, architecture)
@@ -190,20 +203,25 @@ class Trainer:
         width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
         rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
         check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
-        self.rollouts: Rollouts = rollouts or _make_rollouts(config)
+        self.rollouts: Rollouts = rollouts or make_rollouts(config)
         self._owns_rollouts = rollouts is None  # a caller's own rollouts are the caller's to close
         self.config, self.started = config, time.perf_counter()
-        self.run_dir = Path(config.run.out) if config.run.out else _default_run_dir()
+        self.run_dir = Path(config.run.out) if config.run.out else default_run_dir()
         check_folder(self.run_dir, config.run.resume)
+        again = config.run.resume and not has_checkpoint(self.run_dir)
+        if again:  # nothing to resume from: the run starts again
+            config = self.config = config.replace(resume=False)
         resumed = config.run.resume
         changes = resume_changes(self.run_dir, config, self.task.name) if resumed else {}
         barrier("dew: run folder checked")  # by every process before the first writes to it
         self.primary = is_primary()
+        if again:
+            self._set_aside()
         self.lock = RunLock(self.run_dir)
         if self.primary:
             self.lock.acquire()
         # The programs this run's settings used last time load while the policy is built.
-        _preload(repr(dataclasses.replace(config, run=RunOptions())))
+        preload_programs(repr(dataclasses.replace(config, run=RunOptions())))
         try:
             self._open(source, changes)
         except BaseException:
@@ -218,7 +236,7 @@ class Trainer:
             Checkpointing(config.run.checkpoint_every, config.run.checkpoint_minutes),
             RewardPlot(self.run_dir / "reward.png", f"{config.objective} on {self.task.name}"),
             SampleLog(self.run_dir / "samples.jsonl", config.evaluation.samples_every),
-            *_reporting(
+            *reporting_callbacks(
                 config.run.report_to,
                 self.run_dir,
                 config.evaluation.samples_every,
@@ -234,7 +252,21 @@ class Trainer:
         ]
         self.saved: int | None = self.step if resumed else None
         self.saving: int | None = None
+        # The step whose checked state `params` and `opt_state` hold, what Ctrl-C saves; None
+        # while an update holds them (it donates their buffers).
+        self.boundary: int | None = self.step
         self.ahead: _Ahead | None = None
+
+    def _set_aside(self) -> None:
+        """Move aside the files of a run that saved no checkpoint, which `--resume` starts again."""
+        if self.primary:
+            aside = set_aside(self.run_dir)
+            print(
+                f"dew: {self.run_dir} saved no checkpoint to resume from; starting the run "
+                f"again, what it wrote kept in {aside}",
+                file=sys.stderr,
+            )
+        barrier("dew: run folder set aside")  # before any process writes to the new one
 
     def _open(self, source: ModelSource, changes: dict[str, Any]) -> None:
         """Load and place the policy, restore a resumed run, and write the run's record."""
@@ -262,7 +294,7 @@ class Trainer:
             changes=history,
         )
         if self.primary:
-            _write_config(self.run_dir, entry)
+            write_config(self.run_dir, entry)
 
     def _place(self, policy) -> None:
         """Split the policy and lay it out, with the optimizer and reference, on the mesh.
@@ -293,11 +325,11 @@ class Trainer:
         self.opt_state = self.ref_params = self.update_fn = self.reference_spec = None
         if self.serves:
             return  # a sampler's process: the learner's arrays are the other processes'
-        opt_state = optimizer(config.optimizer, _schedule_steps(config)).init(self.params)
+        opt_state = optimizer(config.optimizer, schedule_steps(config)).init(self.params)
         self.opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh, fsdp))
         if self.objective.needs_reference:
             self.ref_params = (
-                _adapters_off(self.params)
+                adapters_off(self.params)
                 if self.lora
                 else cast_floating(jax.tree.map(lambda x: x.copy(), self.params), stored)
             )
@@ -310,11 +342,11 @@ class Trainer:
             fsdp,
             config.memory,
             config.precision.compute_dtype,
-            _schedule_steps(config),
+            schedule_steps(config),
             # The rollout's temperature for an objective that trains on the rollout itself.
-            _update_temperature(config, self.objective),
+            update_temperature(config, self.objective),
         )
-        self.update_fn = _compiled_update(spec)
+        self.update_fn = compiled_update(spec)
         # The reference pass runs beside the host's scoring (`_draw`), unless the rows are packed
         # (a pass of its own would not save the memory packing saves) or, from its first step on,
         # the objective's source trains on rows of its own rather than the rollout's.
@@ -399,6 +431,24 @@ class Trainer:
             raise self._unsaved(self.step, error) from error
         self.saving = self.step
 
+    def _save_boundary(self) -> None:
+        """Checkpoint the last finished step when Ctrl-C or SIGTERM stops a run that has none.
+
+        A write the interrupt left running is waited for first: the interrupt may have cut the
+        trainer's note of it short, so the checkpoints on disk decide. Nothing is saved when one
+        is there (the run resumes from it), when the last finished step's state is gone (an
+        update had begun), or in a run of several processes, whose processes save only together.
+        """
+        step = self.boundary
+        if not step or jax.process_count() > 1:
+            return
+        with contextlib.suppress(OSError):  # a failed write leaves the checkpoints before it
+            self.checkpoints.wait()
+        self.saving = None
+        if self.checkpoints.latest_step() is None:
+            self.save()
+            self.finish_save()
+
     def finish_save(self) -> None:
         """Wait until the checkpoint being written is complete; `TrainingError` if it failed."""
         step, self.saving = self.saving, None
@@ -437,7 +487,7 @@ class Trainer:
         drawn = self._dispatch(self.sampler_params(), prompts, group, key, self.rows, temperature)
         if self.reference_spec is None:
             return drawn, None
-        reference = _compiled_reference(self.reference_spec, group, drawn.shared_prefix)
+        reference = compiled_reference(self.reference_spec, group, drawn.shared_prefix)
         samples = drawn.samples
         rows = (samples.tokens, samples.prompt_mask, samples.completion_mask)
         return drawn, reference(self.ref_params, self.frozen, *rows)
@@ -514,7 +564,8 @@ class Trainer:
         """The compiled update on `batch` (packed under `--pack`); its metrics on the host.
 
         With `draw_next`, step `draw_next`'s rollout is dispatched behind the update before its
-        metrics are waited for (`rollout_phase` takes it up).
+        metrics are waited for (`rollout_phase` takes it up; episodes whose environment failed
+        every one are drawn again there, so the run stops at the step they belong to).
         """
         packing, packed = None, {}
         if self.config.memory.pack:
@@ -522,11 +573,13 @@ class Trainer:
             packing = _packing.plan(batch, micro_batches, self.mesh.size)
             packed = {"pack_fill": _packing.fill(packing, micro_batches)}
             packing = jax.device_put(packing, self.rows)
+        self.boundary = None
         self.params, self.opt_state, metrics = self.update_fn(
             self.params, self.opt_state, self.frozen, self.ref_params, batch, packing
         )
         if draw_next is not None:
-            self.ahead = self._draw_ahead(draw_next)
+            with contextlib.suppress(EpisodeError):
+                self.ahead = self._draw_ahead(draw_next)
         metrics = to_host(metrics)
         if self.ahead is not None:  # its sampler starts now, the update done
             self.ahead = dataclasses.replace(self.ahead, drawn=self.ahead.drawn.from_now())
@@ -661,7 +714,10 @@ class Trainer:
         settle()
         try:
             for step in range(first, self.config.run.steps + 1):
-                row = self.train_step(step)
+                try:
+                    row = self.train_step(step)
+                except EpisodeError as error:  # its rollout, the next step's, or an evaluation
+                    raise TrainingError(f"step {step}: {error}; {self._kept()}") from error
                 if step == first:
                     release_freed()  # what compiling the first step freed
                     settle()  # and what it keeps
@@ -669,10 +725,14 @@ class Trainer:
                 finite = row.pop("finite")
                 self._record(row)
                 self._check({**row, "finite": finite})
+                self.boundary = step
                 record = StepRecord(step, row, self._rolled)
                 for callback in self.callbacks:
                     callback.on_step(self, record)
             self.finish_save()
+        except KeyboardInterrupt:
+            self._save_boundary()
+            raise
         finally:
             unsettle()
             release_freed()  # before the end's plot and evaluation add theirs
@@ -699,12 +759,15 @@ def _learner_devices(config: TrainConfig) -> int:
 
 
 def _warn_uncorrected(config: TrainConfig, objective: Objective) -> None:
-    """Warn when a run samples ahead of its updates with no importance correction in its loss."""
+    """Say, when a run samples ahead of its updates without the token weight, what the weight
+    was measured to do (docs/benchmarks.md, ten seeds)."""
     staleness = config.asynchronous.max_staleness
     if staleness and getattr(objective, "tis_cap", None) is None and is_primary():
         print(
-            f"dew: warning: --max-staleness {staleness} without --tis-cap: the loss does not "
-            "correct for the older weights that sampled; set --tis-cap (2 is common)",
+            f"dew: warning: --max-staleness {staleness} without --tis-cap: no token weight for "
+            "the older weights that sampled (the ratio is still the learner's); on ten seeds "
+            "the weight (--tis-cap 2) changed nothing on the digit demo and cost 0.019 reward "
+            "on digit addition (Benchmarks page)",
             file=sys.stderr,
         )
 
@@ -799,7 +862,7 @@ def train(
       >>> shutil.rmtree(out)
     """
     hooks = [_Hooks(on_start, on_step)] if on_start or on_step else []
-    config, task = _with_data(config, data, task)
+    config, task = with_data(config, data, task)
     trainer = Trainer(
         config,
         objective=objective,

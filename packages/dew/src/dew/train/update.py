@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -33,17 +34,23 @@ from dew.compile_cache import KeptProgram, program_identity
 from dew.mesh import param_shardings, replicated
 from dew.models.outputs import PolicyOutputs, policy_outputs
 from dew.objective import Objective
+from dew.programs import ProgramCache
 from dew.rollout.sources import Sampled
 from dew.train._packing import Packing, packed_outputs, whole_batch
 from dew.train._precision import cast_floating
 from dew.train.config import MemoryOptions, OptimizerOptions, TrainConfig, UpdateOptions
 
 __all__ = [
+    "SWEPT",
     "UpdateSpec",
+    "compiled_reference",
+    "compiled_update",
     "learning_rate",
     "make_reference",
     "make_update",
     "optimizer",
+    "schedule_steps",
+    "update_temperature",
 ]
 
 
@@ -58,7 +65,8 @@ def learning_rate(options: OptimizerOptions, steps: int) -> float | optax.Schedu
     decays to 0 at step `steps`, linearly (`"linear"`) or along half a cosine (`"cosine"`), as
     TRL's (transformers') `get_linear_schedule_with_warmup` and
     `get_cosine_schedule_with_warmup`. An optax schedule counts in the optimizer's state, so a
-    resumed run goes on where it stopped.
+    resumed run goes on where it stopped. `options.lr` may be a traced number: the compiled
+    update takes it as an argument (`SWEPT`).
 
     Reference: optax `linear_schedule`, `join_schedules`, `warmup_cosine_decay_schedule`.
 
@@ -68,8 +76,9 @@ def learning_rate(options: OptimizerOptions, steps: int) -> float | optax.Schedu
       [0.0, 0.5, 1.0, 0.854, 0.5, 0.146, 0.0]
     """
     lr, warmup = options.lr, options.warmup
-    if options.lr_schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, end_value=0.0)
+    if options.lr_schedule == "cosine":  # optax's warmup_cosine_decay_schedule to 0, its parts
+        decay = optax.cosine_decay_schedule(lr, steps - warmup, alpha=0.0)
+        return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
     if options.lr_schedule == "linear":
         decay = optax.linear_schedule(lr, 0.0, steps - warmup)
         return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
@@ -129,7 +138,7 @@ def optimizer(options: OptimizerOptions, steps: int = 0) -> optax.GradientTransf
     )
 
 
-def _update_temperature(config: TrainConfig, objective: Objective) -> float:
+def update_temperature(config: TrainConfig, objective: Objective) -> float:
     """The temperature of the update's log-probs (`UpdateSpec.temperature`) for `objective`.
 
     An objective whose batches are the rollouts (its `source` a `Sampled`, as every RL
@@ -142,7 +151,7 @@ def _update_temperature(config: TrainConfig, objective: Objective) -> float:
     Examples:
       >>> from dew.objectives.sft import SFT
       >>> config = TrainConfig().replace(temperature=0.7)
-      >>> _update_temperature(config, SFT())
+      >>> update_temperature(config, SFT())
       1.0
     """
     if isinstance(objective.source, Sampled):
@@ -150,11 +159,16 @@ def _update_temperature(config: TrainConfig, objective: Objective) -> float:
     return 1.0
 
 
-def _schedule_steps(config: TrainConfig) -> int:
+def schedule_steps(config: TrainConfig) -> int:
     """The optimizer steps a decaying `--lr-schedule` spans: the run's; 0 for a constant one.
 
     A constant learning rate depends on no horizon, so its compiled update is the same whatever
     `--steps` is (and is kept and reused across runs as before).
+
+    Examples:
+      >>> config = TrainConfig().replace(steps=10, updates_per_rollout=2)
+      >>> schedule_steps(config), schedule_steps(config.replace(lr_schedule="cosine"))
+      (0, 20)
     """
     if config.optimizer.lr_schedule == "constant":
         return 0
@@ -426,10 +440,10 @@ class UpdateSpec:
       fsdp: params and optimizer state sharded over the mesh (`dew.mesh.param_shardings`).
       memory: chunked log-probs and per-layer remat.
       compute_dtype: the dtype of the policy's passes (`--compute-dtype`).
-      schedule_steps: the optimizer steps a decaying learning rate spans (`_schedule_steps`).
+      schedule_steps: the optimizer steps a decaying learning rate spans (`schedule_steps`).
       temperature: the passes' log-probs and entropy are of `softmax(logits / temperature)`
         (`policy_outputs`): the rollout's `--temperature` for an objective that trains on its
-        rollouts, 1 for one that trains on fixed data (`_update_temperature`).
+        rollouts, 1 for one that trains on fixed data (`update_temperature`).
     """
 
     graphdef: nnx.GraphDef
@@ -482,9 +496,39 @@ def make_update(spec: UpdateSpec):
       >>> bool(second["loss"] < first["loss"])  # the same rows, learned
       True
     """
+    return _with_numbers(_update_program(_unswept(spec)), spec)
+
+
+SWEPT = ("lr", "weight_decay", "max_grad_norm")
+"""The optimizer's settings a compiled update takes as arguments, not constants: runs that
+differ only in them (a learning-rate sweep) share one program."""
+
+
+def _unswept(spec: UpdateSpec) -> UpdateSpec:
+    """`spec` with the `SWEPT` settings at 0: the key of the program runs like it share."""
+    return dataclasses.replace(
+        spec, optimizer=dataclasses.replace(spec.optimizer, **dict.fromkeys(SWEPT, 0.0))
+    )
+
+
+def _with_numbers(program: Callable, spec: UpdateSpec) -> Callable:
+    """`program` called with `spec`'s `SWEPT` settings as float32 arguments."""
+    numbers = {name: np.float32(getattr(spec.optimizer, name)) for name in SWEPT}
+
+    def update(params, opt_state, frozen, ref_params, batch, packing=None):
+        return program(params, opt_state, frozen, ref_params, batch, packing, numbers)
+
+    return update
+
+
+def _update_program(spec: UpdateSpec) -> Callable:
+    """The jitted `update(params, opt_state, frozen, ref_params, batch, packing, numbers)`.
+
+    `make_update`'s program, the optimizer's `SWEPT` settings taken from `numbers` rather than
+    from `spec`.
+    """
     graphdef, objective, memory = spec.graphdef, spec.objective, spec.memory
     compute_dtype = spec.compute_dtype
-    tx = optimizer(spec.optimizer, spec.schedule_steps)
     count = spec.update.micro_batches
     # The old log-probs (and values) are the current policy's: with one micro-batch the first
     # step's own pass provides them (`_rollout_fields_of`), else a pass of their own runs first.
@@ -501,12 +545,12 @@ def make_update(spec: UpdateSpec):
         temperature=spec.temperature,
     )
 
-    def applied(params, opt_state, grads, metrics):
+    def applied(params, opt_state, grads, metrics, tx):
         step_updates, opt_state = tx.update(grads, opt_state, params)
         metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
         return optax.apply_updates(params, step_updates), opt_state, metrics
 
-    def one_step(carry, _, micro, frozen):
+    def one_step(carry, _, micro, frozen, tx):
         def loss_of(params, part):
             micro_batch, packing = part
             outputs = passes(params, micro_batch, frozen=frozen, packing=packing)
@@ -516,10 +560,10 @@ def make_update(spec: UpdateSpec):
             return objective.loss_weight(part[0])
 
         grads, metrics = _combined_gradient(loss_of, weight_of, carry[0], micro)
-        params, opt_state, metrics = applied(*carry, grads, metrics)
+        params, opt_state, metrics = applied(*carry, grads, metrics, tx)
         return (params, opt_state), metrics
 
-    def whole_step(carry, first, batch, frozen, packing):
+    def whole_step(carry, first, batch, frozen, packing, tx):
         """One optimizer step on the whole batch, its pass giving the first step's old fields."""
         params, opt_state, carried = carry
 
@@ -530,11 +574,12 @@ def make_update(spec: UpdateSpec):
             return loss, ({"loss": loss, **metrics}, fields)
 
         (_, (metrics, fields)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
-        params, opt_state, metrics = applied(params, opt_state, grads, metrics)
+        params, opt_state, metrics = applied(params, opt_state, grads, metrics, tx)
         return (params, opt_state, fields), metrics
 
-    def update(params, opt_state, frozen, ref_params, batch, packing=None):
+    def update(params, opt_state, frozen, ref_params, batch, packing, numbers):
         count_trace("update")
+        tx = optimizer(dataclasses.replace(spec.optimizer, **numbers), spec.schedule_steps)
         whole = None if packing is None else whole_batch(packing, batch.group, count)
         batch = _rollout_fields(
             graphdef,
@@ -553,12 +598,12 @@ def make_update(spec: UpdateSpec):
         if fused:
             empty = jnp.zeros(batch.tokens.shape, jnp.float32)
             carry = (params, opt_state, (empty, empty if objective.needs_values else None))
-            step = functools.partial(whole_step, batch=batch, frozen=frozen, packing=whole)
+            step = functools.partial(whole_step, batch=batch, frozen=frozen, packing=whole, tx=tx)
             (params, opt_state, _), history = jax.lax.scan(step, carry, jnp.arange(steps) == 0)
         else:
             batch = objective.prepare(batch)
             micro = (_split_micro_batches(batch, count), _split_rows(packing, batch.group, count))
-            step = functools.partial(one_step, micro=micro, frozen=frozen)
+            step = functools.partial(one_step, micro=micro, frozen=frozen, tx=tx)
             (params, opt_state), history = jax.lax.scan(
                 step, (params, opt_state), None, length=steps
             )
@@ -571,7 +616,7 @@ def make_update(spec: UpdateSpec):
         return KeptProgram(jax.jit(update, donate_argnums=(0, 1)), "update", identity)
     compiled = None
 
-    def laid_out_update(params, opt_state, frozen, ref_params, batch, packing=None):
+    def laid_out_update(params, opt_state, frozen, ref_params, batch, packing, numbers):
         nonlocal compiled
         if compiled is None:  # the layouts follow the first call's trees
             shardings = (
@@ -581,7 +626,7 @@ def make_update(spec: UpdateSpec):
             )
             jitted = jax.jit(update, out_shardings=shardings, donate_argnums=(0, 1))
             compiled = KeptProgram(jitted, "update", identity)
-        return compiled(params, opt_state, frozen, ref_params, batch, packing)
+        return compiled(params, opt_state, frozen, ref_params, batch, packing, numbers)
 
     return laid_out_update
 
@@ -644,42 +689,59 @@ def _settings(spec: UpdateSpec) -> tuple:
     return tuple(getattr(spec, f.name) for f in fields if f.name != "graphdef")
 
 
-_COMPILED: dict[tuple, Callable] = {}
+_UPDATES = 8
+"""How many compiled updates and reference passes a process keeps (`ProgramCache`)."""
+
+_programs = ProgramCache(lambda make, *args: make(*args), _UPDATES)
 
 
-def _compiled_update(spec: UpdateSpec) -> Callable:
-    """`make_update(spec)`, reused across runs of the same spec in one process (`_reused`).
+def compiled_update(spec: UpdateSpec) -> Callable:
+    """`make_update(spec)`, its program shared by runs whose specs differ only in `SWEPT`.
 
     Examples:
       >>> from dew.models.llama import build
       >>> from dew.models.registry import SIZES
       >>> from dew.objectives.sft import SFT
       >>> graphdef, _ = nnx.split(build(SIZES["tiny"], 0))
-      >>> spec = UpdateSpec(graphdef, SFT(), OptimizerOptions(), UpdateOptions())
-      >>> _compiled_update(spec) is _compiled_update(spec)
+      >>> spec = UpdateSpec(graphdef, SFT(), OptimizerOptions(lr=1e-3), UpdateOptions())
+      >>> other = dataclasses.replace(spec, optimizer=OptimizerOptions(lr=1e-4))
+      >>> compiled_update(spec) is not compiled_update(other)  # each with its own rate
+      True
+      >>> _reused(_update_program, _unswept(spec)) is _reused(_update_program, _unswept(other))
       True
     """
-    return _reused(make_update, spec)
+    return _with_numbers(_reused(_update_program, _unswept(spec)), spec)
 
 
-def _compiled_reference(spec: UpdateSpec, group: int, shared_prefix: int) -> Callable:
-    """`make_reference(spec, group, shared_prefix)`, reused the same way (`_reused`)."""
-    return _reused(make_reference, spec, group, shared_prefix)
+def compiled_reference(spec: UpdateSpec, group: int, shared_prefix: int) -> Callable:
+    """`make_reference(spec, group, shared_prefix)`, reused the same way (`_reused`).
+
+    Examples:
+      >>> from dew.models.llama import build
+      >>> from dew.models.registry import SIZES
+      >>> from dew.objectives.sft import SFT
+      >>> graphdef, _ = nnx.split(build(SIZES["tiny"], 0))
+      >>> spec = UpdateSpec(graphdef, SFT(), OptimizerOptions(lr=1e-3), UpdateOptions())
+      >>> other = dataclasses.replace(spec, optimizer=OptimizerOptions(lr=1e-4))
+      >>> compiled_reference(spec, 2, 2) is compiled_reference(other, 2, 2)  # lr is not read
+      True
+      >>> compiled_reference(spec, 2, 2) is compiled_reference(spec, 2, 0)
+      False
+    """
+    return _reused(make_reference, _unswept(spec), group, shared_prefix)
 
 
 def _reused(make: Callable, *args) -> Callable:
-    """`make(*args)`, made once per process for equal `args`.
+    """`make(*args)`, kept for equal `args` among the process's last `_UPDATES` (`_programs`).
 
     Arguments that cannot be hashed (an objective of a plain class with mutable state) get a
     fresh one.
     """
     try:
-        cached = _COMPILED.get((make, *args))
+        hash(args)
     except TypeError:
         return make(*args)
-    if cached is None:
-        cached = _COMPILED[(make, *args)] = make(*args)
-    return cached
+    return _programs(make, *args)
 
 
 def _first(micro: Batch) -> Batch:

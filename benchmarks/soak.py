@@ -1,0 +1,132 @@
+"""A long-lived process: do its memory mappings and resident memory level off?
+
+Run by hand from the repository root (Linux: it reads `/proc/self/maps` and `/proc/self/status`):
+
+    uv run python benchmarks/soak.py            # about 10 minutes on a 2-core CPU
+
+In one process, as a notebook sweeping settings would:
+- `runs`: 50 successive one-step `train()` calls of the built-in `tiny` model, each of another
+  shape (prompts per step and completions per prompt cycle through five and two values, the
+  token budget through five: 50 shapes), then 10 at one shape sweeping the learning rate;
+- `samplers`: 50 samplers built and dropped: a new `tiny`-shaped model with another width for
+  each, sampled once.
+After each call it records the process's mapping count (against `vm.max_map_count`) and resident
+memory. Dew keeps its compiled programs in bounded caches (`dew.programs`), so both should level
+off once the caches are full, and the learning-rate sweep should add nothing (the rate is an
+argument of the compiled update, `dew.train.update.SWEPT`).
+
+Prints a table every ten calls and writes `benchmarks/results/soak.json`.
+"""
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from dew.models.llama import build
+from dew.models.registry import SIZES
+from dew.programs import map_limit, mappings
+from dew.sampling import sample
+from dew.train import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "soak.json"
+
+
+def resident_mib() -> float:
+    """This process's resident memory (`VmRSS`), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def reading(label: str, started: float) -> dict:
+    gc.collect()
+    return {
+        "label": label,
+        "mappings": mappings(),
+        "rss_mib": round(resident_mib(), 1),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def one_step_runs(count: int, folder: Path, started: float) -> list[dict]:
+    """`count` one-step runs of shapes that differ, then ten of one shape at other rates."""
+    readings = []
+    shapes = [
+        (prompts, group, tokens)
+        for tokens in (4, 6, 8, 10, 12)
+        for group in (2, 4)
+        for prompts in (1, 2, 3, 4, 5)
+    ][:count]
+    sweep = [(2, 2, 8, lr) for lr in (1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7e-2)]
+    settings = [(*shape, 1e-3) for shape in shapes] + sweep
+    for index, (prompts, group, tokens, lr) in enumerate(settings):
+        config = TrainConfig().replace(
+            model="tiny", steps=1, prompts=prompts, group=group, max_new_tokens=tokens, lr=lr,
+            out=str(folder / f"run-{index}"), checkpoint_every=10,
+        )  # fmt: skip
+        train(config, quiet=True)
+        label = f"run {index + 1}: {prompts}x{group}, {tokens} tokens, lr {lr:g}"
+        readings.append(reading(label, started))
+        if (index + 1) % 10 == 0:
+            print_row(readings[-1])
+    return readings
+
+
+def samplers(count: int, started: float) -> list[dict]:
+    """`count` models of new widths, each sampled once and dropped."""
+    readings = []
+    prompts = jnp.array([[1, 5, 6, 7]] * 2)
+    for index in range(count):
+        model = build(dataclasses.replace(SIZES["tiny"], hidden_size=32 + 8 * index), index)
+        sample(model, prompts, jnp.array([4, 4]), jax.random.key(index), max_new_tokens=8,
+               stop_ids=[2])  # fmt: skip
+        del model
+        readings.append(reading(f"sampler {index + 1}: hidden {32 + 8 * index}", started))
+        if (index + 1) % 10 == 0:
+            print_row(readings[-1])
+    return readings
+
+
+def print_row(row: dict) -> None:
+    print(f"{row['label']:<44} {row['mappings']:>8,} {row['rss_mib']:>9.0f} {row['seconds']:>8.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=50, help="runs and samplers (each)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    print(f"{'after':<44} {'mappings':>8} {'RSS MiB':>9} {'seconds':>8}")
+    before = reading("start", started)
+    print_row(before)
+    with tempfile.TemporaryDirectory() as folder:
+        runs = one_step_runs(args.count, Path(folder), started)
+    built = samplers(args.count, started)
+    record = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_at_start": os.getloadavg(),
+            "max_map_count": map_limit(),
+        },
+        "start": before,
+        "runs": runs,
+        "samplers": built,
+    }
+    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
