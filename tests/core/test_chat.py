@@ -138,6 +138,13 @@ class Countdown:
     def turns_left(self) -> int:
         """The turns the countdown has left."""
         return self.left
+
+
+class Careless(Countdown):
+    """Reads its turn as text, as the prose of a first environment often does."""
+
+    def step(self, text):
+        return text.strip()
 '''
 
 
@@ -227,6 +234,19 @@ def test_chat_with_an_environment_plays_its_episode(monkeypatch, capsys, tmp_pat
     assert captured.out.splitlines() == ["one", "[user] 1 left", "two"]
     assert "the environment ended the episode" in captured.err
     assert seen[0][0] == [{"role": "user", "content": "count: go"}] and seen[0][1] is None
+
+
+def test_chat_with_an_environment_whose_step_raises_is_one_line_naming_it(
+    monkeypatch, capsys, tmp_path
+):
+    (tmp_path / "chat_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    _scripted(monkeypatch, ["one"])
+    argv = ["chat", "--model", str(TOOL_CHAT), "--environment", "chat_tools:Careless", "go"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "dew: error: Careless.step raised AttributeError: 'dict' object has no attribute 'strip'"
+    )
 
 
 def test_chat_with_tools_on_the_real_model_streams_and_keeps_turns(monkeypatch, capsys, tmp_path):

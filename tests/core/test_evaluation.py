@@ -166,3 +166,8 @@ def test_eval_plays_episodes_with_its_caps_and_prints_turns_and_each_reward(
     assert {"turns", "tool_calls"} <= set(printed)
     assert cli.main([*argv, "--max-turns", "0"]) == 2
     assert capsys.readouterr().err.strip() == "dew: error: --max-turns must be at least 1, got 0"
+    single = ["eval", "--model", "tiny", "--max-episode-tokens", "12", "--prompts", "2"]
+    assert cli.main(single) == 2  # no episode to cap: refused, not ignored
+    assert capsys.readouterr().err.strip() == (
+        "dew: error: --max-episode-tokens needs --environment (or a run of episodes)"
+    )

@@ -705,6 +705,21 @@ def _check_appendable(out: Path) -> None:
         raise _CommandError(f"--out {out}: cannot be written")
 
 
+def _check_episode_caps(args: dict, config) -> None:
+    """`_CommandError` for `dew eval`'s episode caps given to a run that plays no episode.
+
+    Examples:
+      >>> from dew.train import TrainConfig
+      >>> _check_episode_caps({"max_turns": 3, "max_episode_tokens": None}, TrainConfig())
+      Traceback (most recent call last):
+      ...
+      dew.cli._CommandError: --max-turns needs --environment (or a run of episodes)
+    """
+    for name in ("max_turns", "max_episode_tokens"):
+        if args[name] is not None and not config.tools and config.environment is None:
+            raise _CommandError(f"{_flag(name)} needs --environment (or a run of episodes)")
+
+
 def _command_eval(argv: list[str]) -> int:
     """Run `dew eval`; the exit status."""
     try:
@@ -751,6 +766,7 @@ def _command_eval(argv: list[str]) -> int:
             if args[name] is not None:
                 values[name] = args[name]
         config = TrainConfig().replace(**values)
+        _check_episode_caps(args, config)
         _tell(f"loading {model}")
         run = load_run(model, config=config) if is_run else model_run(model, config, args["seed"])
         # An evaluation plays its episodes' turns together, exact whatever the run sampled ahead.
@@ -975,7 +991,7 @@ def _agent_chat(args: argparse.Namespace) -> int:
     import jax
 
     from dew import inference
-    from dew.rollout.episode import environment_methods
+    from dew.rollout.episode import EpisodeError, environment_methods
     from dew.tools import ToolError, json_schema, load_tool
     from dew.train.config import load_environment
 
@@ -1013,7 +1029,7 @@ def _agent_chat(args: argparse.Namespace) -> int:
         )
         try:
             ended = _show_events(events, messages)
-        except ValueError as error:
+        except (ValueError, EpisodeError) as error:
             raise _CommandError(str(error)) from error
         if game is not None and ended:
             print("dew: the environment ended the episode", file=sys.stderr)

@@ -23,6 +23,7 @@ from dew.models.lora import has_lora
 from dew.models.reward import RewardModel
 from dew.objective import objective_class
 from dew.rollout import Prompter
+from dew.rollout.episode import EpisodeError
 from dew.rollout.generate import Rollouts, SingleTurn
 from dew.tasks import Task
 from dew.tokenizers import DigitTokenizer, HFTokenizer, Tokenizer
@@ -412,8 +413,9 @@ def agent_reply(
     the `tool` messages of their results (run by a `dew.tools.ToolRunner`, `tool_timeout`
     seconds each; a failed call is an error message, never an exception); a turn without calls
     is handed to `environment.step` when an environment plays, and its observation (a text is
-    a `user` message) follows. Each message that follows is yielded too, then the next turn is
-    sampled, until a turn neither calls a tool nor gets an observation, or `max_turns` turns.
+    a `user` message) follows (a `step` that raises is an `EpisodeError` naming it). Each
+    message that follows is yielded too, then the next turn is sampled, until a turn neither
+    calls a tool nor gets an observation, or `max_turns` turns.
     The yielded messages, appended to `messages`, are the conversation. Turn `t` draws with
     `fold_in(key, t)`. As `dew.rollout.episode.Episodes` plays an episode, but the
     conversation is rendered again for each turn (a chat's turns are few, its answers streamed).
@@ -465,8 +467,7 @@ def agent_reply(
             if parsed is not None and (parsed.calls or parsed.malformed):
                 follow = tool_messages(parsed, runner.run(parsed.calls))
             elif environment is not None:
-                observation = environment.step(message)
-                follow = [] if observation is None else _observation_messages(observation)
+                follow = _observed(environment, message)
             else:
                 follow = []
             for added in (message, *follow):
@@ -474,6 +475,27 @@ def agent_reply(
                 yield added
             if not follow:
                 return
+
+
+def _observed(environment: Any, message: dict) -> list[dict]:
+    """The messages `environment.step(message)` observes; `EpisodeError` in one line if it raises.
+
+    Examples:
+      >>> class Broken:
+      ...     def step(self, message):
+      ...         return 1 / 0
+      >>> _observed(Broken(), {"role": "assistant", "content": "hi"})
+      Traceback (most recent call last):
+      ...
+      dew.rollout.episode.EpisodeError: Broken.step raised ZeroDivisionError: division by zero
+    """
+    try:
+        observation = environment.step(message)
+    except Exception as error:  # the user's class: one line, as a failed episode in training
+        text = " ".join(str(error).split())
+        where = f"{type(environment).__name__}.step"
+        raise EpisodeError(f"{where} raised {type(error).__name__}: {text}") from error
+    return [] if observation is None else _observation_messages(observation)
 
 
 def _observation_messages(observation: str | list[dict]) -> list[dict]:
