@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -178,6 +179,29 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
     )
     assert (run / "reward.png").exists()
     assert Checkpoints(Path(run) / "checkpoints").latest_step() is not None
+
+
+def test_a_wait_cut_short_by_a_signal_still_finishes_the_save_before_the_next(tmp_path):
+    from dew.train.checkpoint import _Writing
+
+    release, written = threading.Event(), []
+    checkpoints = Checkpoints(tmp_path / "checkpoints")
+    checkpoints.writing = _Writing(lambda step, _: release.wait() and written.append(step), 1, {})
+    checkpoints.writing.start()
+
+    def interrupt(number, frame):
+        raise KeyboardInterrupt  # as SIGTERM does in a run
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.wait()  # the run's wait for the save before, cut short
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    threading.Timer(0.3, release.set).start()
+    checkpoints.wait()  # the interrupted run's wait before it saves its last step
+    assert written == [1]
 
 
 def test_ctrl_c_before_the_first_checkpoint_saves_the_last_finished_step(

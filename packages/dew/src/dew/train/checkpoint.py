@@ -278,12 +278,20 @@ class Checkpoints:
         self.writing.start()
 
     def wait(self) -> None:
-        """Block until the last save is written; raise its failure (`OSError`: a full disk)."""
-        writing, self.writing = self.writing, None
-        if writing is not None:
-            writing.join()
-            if writing.error is not None:
-                raise writing.error
+        """Block until the last save is written; raise its failure (`OSError`: a full disk).
+
+        A Ctrl-C that cuts the wait short leaves the save pending, so the next `wait` (the one
+        before an interrupted run's last save) still finishes it before another write begins.
+        The wait is on the write's own event, not `Thread.join`: on Python 3.11 a join cut short
+        by a signal marks a running thread stopped, and the next join returns at once.
+        """
+        writing = self.writing
+        if writing is None:
+            return
+        writing.finished.wait()
+        self.writing = None
+        if writing.error is not None:
+            raise writing.error
 
     def restore(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
         """The items of `template` saved at `step`, shaped and placed like it.
@@ -371,9 +379,12 @@ class _Writing(threading.Thread):
         super().__init__(name=f"dew-checkpoint-{step}")
         self.write, self.step, self.state = write, step, state
         self.error: BaseException | None = None
+        self.finished = threading.Event()
 
     def run(self) -> None:
         try:
             self.write(self.step, self.state)
         except BaseException as error:  # raised by `Checkpoints.wait` on the run's thread
             self.error = error
+        finally:
+            self.finished.set()
