@@ -21,12 +21,16 @@ def tokens_of(seed, shape=(3, 9)):
     return jax.random.randint(jax.random.key(seed), shape, 0, TINY.vocab_size)
 
 
+compiled_log_probs = nnx.jit(log_probs)
+"""`log_probs` compiled whole: run op by op, every operation of every shape compiles on its own."""
+
+
 def test_log_probs_are_next_token_log_softmax():
     model = build(TINY, 0)
     tokens = tokens_of(1)
     mask = jnp.ones(tokens.shape, bool)
-    got = log_probs(model, tokens, mask)
-    logits = np.asarray(model(tokens), np.float64)
+    got = compiled_log_probs(model, tokens, mask)
+    logits = np.asarray(nnx.jit(type(model).__call__)(model, tokens), np.float64)
     want = np.zeros(tokens.shape)
     for b in range(tokens.shape[0]):
         for t in range(1, tokens.shape[1]):
@@ -59,7 +63,7 @@ def test_prefill_then_decode_matches_the_full_pass(kv_heads):
     config = dataclasses.replace(TINY, num_attention_heads=2, num_key_value_heads=kv_heads)
     model = build(config, 0)
     tokens = tokens_of(2)
-    full = model(tokens)
+    full = nnx.jit(type(model).__call__)(model, tokens)
     cache = model.init_cache(3, tokens.shape[1])
     prefix, cache = nnx.jit(type(model).prefill)(model, tokens[:, :4], cache)
     steps = [prefix]
@@ -75,12 +79,15 @@ def test_decode_at_per_row_positions_ignores_prompt_padding():
     tokens = tokens_of(6)
     lengths = jnp.array([2, 5, 3])
     padded = jnp.where(jnp.arange(5)[None] < lengths[:, None], tokens[:, :5], 0)
-    _, cache = model.prefill(padded, model.init_cache(3, 9))
+    # Compiled whole: run op by op, each operation of each shape compiles on its own.
+    prefill, decode = nnx.jit(type(model).prefill), nnx.jit(type(model).decode)
+    forward = nnx.jit(type(model).__call__)
+    _, cache = prefill(model, padded, model.init_cache(3, 9))
     rows = jnp.arange(3)
-    hidden, _ = model.decode(tokens[rows, lengths][:, None], lengths, cache)
+    hidden, _ = decode(model, tokens[rows, lengths][:, None], lengths, cache)
     logits = model.unembed(hidden)
     for row, length in enumerate(lengths.tolist()):
-        alone = model(tokens[row : row + 1, : length + 1])[0, -1]
+        alone = forward(model, tokens[row : row + 1, : length + 1])[0, -1]
         np.testing.assert_allclose(logits[row, 0], alone, atol=1e-5)
 
 
@@ -127,11 +134,10 @@ def test_packed_segments_equal_separate_rows():
     mask = (
         jnp.ones(packed.shape, bool).at[0, 4].set(False)
     )  # a segment's first token has no context
-    got = log_probs(model, packed, mask, segments)
-    np.testing.assert_allclose(got[:, :4], log_probs(model, a, jnp.ones_like(a, bool)), atol=1e-5)
-    np.testing.assert_allclose(
-        got[:, 5:], log_probs(model, b, jnp.ones_like(b, bool))[:, 1:], atol=1e-5
-    )
+    got = compiled_log_probs(model, packed, mask, segments)
+    alone = [compiled_log_probs(model, row, jnp.ones_like(row, bool)) for row in (a, b)]
+    np.testing.assert_allclose(got[:, :4], alone[0], atol=1e-5)
+    np.testing.assert_allclose(got[:, 5:], alone[1][:, 1:], atol=1e-5)
 
 
 def test_values_are_aligned_with_log_probs():
@@ -142,9 +148,9 @@ def test_values_are_aligned_with_log_probs():
     tokens = tokens_of(5)
     mask = jnp.arange(tokens.shape[1])[None] >= 3
     mask = jnp.broadcast_to(mask, tokens.shape)
-    lp, values = log_probs_and_values(model, tokens, mask)
-    np.testing.assert_allclose(lp, log_probs(model, tokens, mask), atol=1e-6)
-    predicted = model.values(model.hidden(tokens))
+    lp, values = nnx.jit(log_probs_and_values)(model, tokens, mask)
+    np.testing.assert_allclose(lp, compiled_log_probs(model, tokens, mask), atol=1e-6)
+    predicted = nnx.jit(lambda model: model.values(model.hidden(tokens)))(model)
     np.testing.assert_allclose(values[:, 3:], predicted[:, 2:-1], rtol=1e-5, atol=1e-6)
     assert (values[:, :3] == 0).all()
     with pytest.raises(ValueError, match="no value head"):
@@ -274,17 +280,17 @@ def test_the_outputs_at_a_temperature_are_of_the_scaled_logits(logit_chunk):
         entropy = -jnp.sum(jnp.exp(scores) * scores, axis=-1)
         return [jnp.where(mask, jnp.pad(x, ((0, 0), (1, 0))), 0.0) for x in (picked, entropy)]
 
-    got, want = outputs(params), expected(params)
+    got, want = jax.jit(outputs)(params), jax.jit(expected)(params)  # compiled whole, not op by op
     np.testing.assert_allclose(got.log_probs, want[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got.entropy, want[1], rtol=1e-5, atol=1e-5)
-    plain = policy_outputs(nnx.merge(graphdef, params), tokens, mask)
+    plain = jax.jit(lambda p: policy_outputs(nnx.merge(graphdef, p), tokens, mask))(params)
     assert float(jnp.abs(got.log_probs - plain.log_probs).max()) > 0.1  # T changes them
 
     def scalar(outputs):
         return lambda params: jnp.sum(outputs(params)[0] * weights)
 
-    got_grad = jax.grad(scalar(lambda p: (outputs(p).log_probs,)))(params)
-    want_grad = jax.grad(scalar(expected))(params)
+    got_grad = jax.jit(jax.grad(scalar(lambda p: (outputs(p).log_probs,))))(params)
+    want_grad = jax.jit(jax.grad(scalar(expected)))(params)
     for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(jnp.abs(b).max()))
 
@@ -311,7 +317,7 @@ def test_the_outputs_need_a_positive_temperature(temperature):
 
 def test_one_token_rows_have_no_log_probs():
     tokens = tokens_of(4, (2, 1))
-    got = policy_outputs(build(TINY, 0), tokens, jnp.ones(tokens.shape, bool)).log_probs
+    got = nnx.jit(policy_outputs)(build(TINY, 0), tokens, jnp.ones(tokens.shape, bool)).log_probs
     np.testing.assert_array_equal(got, jnp.zeros((2, 1)))
 
 

@@ -64,7 +64,8 @@ def loss_of(graphdef, objective):
 def test_micro_batches_combine_into_the_whole_batch_gradient(setup, objective, reinforce):
     graphdef, params, batch = setup
     chosen = SFT() if objective == "sft" else reinforce
-    filled = chosen.prepare(_rollout_fields(graphdef, params, None, batch, chosen))
+    filled = jax.jit(lambda p: _rollout_fields(graphdef, p, None, batch, chosen))(params)
+    filled = chosen.prepare(filled)
     gradient = jax.jit(
         lambda micro: _combined_gradient(
             loss_of(graphdef, chosen), chosen.loss_weight, params, micro
@@ -95,7 +96,7 @@ def test_one_and_two_micro_batches_give_the_same_params(setup, objective, reinfo
 def test_a_mean_of_means_would_differ(setup):
     """The exact combination matters here: the micro-batches hold different token counts."""
     graphdef, params, batch = setup
-    loss = loss_of(graphdef, SFT())
+    loss = jax.jit(loss_of(graphdef, SFT()))  # compiled whole, not run op by op
     micro = _split_micro_batches(batch, 2)
     halves = [jax.tree.map(lambda x, k=k: x[k], micro) for k in range(2)]
     losses = [loss(params, half)[0] for half in halves]
@@ -124,8 +125,9 @@ def test_a_rollouts_shared_prompts_run_once_per_group_with_the_same_numbers(setu
         outputs = _outputs_of(graphdef, params, batch, False, entropy=True)
         return jnp.sum(outputs.log_probs) + jnp.sum(outputs.entropy), outputs
 
-    shared = jax.value_and_grad(loss, has_aux=True)(params, batch)
-    full = jax.value_and_grad(loss, has_aux=True)(params, batch.replace(shared_prefix=0))
+    gradient = jax.value_and_grad(loss, has_aux=True)  # compiled below, not run op by op
+    shared = jax.jit(lambda params: gradient(params, batch))(params)
+    full = jax.jit(lambda params: gradient(params, batch.replace(shared_prefix=0)))(params)
     for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(full), strict=True):  # round-off
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=4e-6 * float(jnp.abs(b).max()))
 
