@@ -64,8 +64,10 @@ def test_bfloat16_compute_gives_close_log_probs_and_loss():
     task = get_task("reverse")
     batch = _demonstrations(Prompter(task, DIGITS), task.examples(np.random.default_rng(0), 4))
     graphdef, params = nnx.split(build(SIZES["tiny"], 0))
-    outputs = {
-        dtype: _outputs_of(graphdef, params, batch, False, compute_dtype=dtype)
+    outputs = {  # each pass compiled whole, not run op by op
+        dtype: jax.jit(lambda p, d=dtype: _outputs_of(graphdef, p, batch, False, compute_dtype=d))(
+            params
+        )
         for dtype in ("float32", "bfloat16")
     }
     full, half = outputs["float32"], outputs["bfloat16"]

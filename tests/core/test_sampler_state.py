@@ -70,7 +70,7 @@ def test_a_continued_state_samples_what_the_whole_rows_pass_gives(model):
     assert bool(first.done.all()) and not bool(extended.done[:3].any()) and bool(extended.done[3])
     np.testing.assert_array_equal(second.tokens[3], first.tokens[3])  # a finished row stays
     # The cache after extending holds what a pass over the whole rows computes.
-    whole = model(extended.tokens)
+    whole = nnx.jit(type(model).__call__)(model, extended.tokens)  # compiled whole, not op by op
     last = whole[jnp.arange(4), extended.lengths - 1]
     np.testing.assert_allclose(extended.logits[:3], last[:3], atol=1e-4)
     # The second turn's tokens are sampled after the context, with the model's log-probs.
@@ -83,7 +83,7 @@ def test_a_continued_state_samples_what_the_whole_rows_pass_gives(model):
         )
         assert not sampled[row, end : end + count].any()  # context is not sampled
         assert sampled[row, end + count]
-    recomputed = log_probs(model, second.tokens, second.completion_mask)
+    recomputed = nnx.jit(log_probs)(model, second.tokens, second.completion_mask)
     np.testing.assert_allclose(second.behavior_log_probs, recomputed, atol=1e-5)
 
 
