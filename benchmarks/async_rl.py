@@ -44,10 +44,8 @@ writes `benchmarks/results/async_apart.json`.
 import argparse
 import dataclasses
 import functools
-import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -57,6 +55,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from harness import RESULTS, load_average, machine, table, write_record
 
 from dew.batch import Batch
 from dew.models.outputs import PolicyOutputs
@@ -70,7 +69,6 @@ from dew.train.config import validate
 from dew.train.trainer import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 LEARNING = [
     (0, "token"), (1, "token"), (2, "token"), (4, "token"), (4, None), (8, "token"), (8, None),
     (16, "token"), (16, None),
@@ -103,16 +101,6 @@ def _objective(correction: str | None, config: TrainConfig) -> Objective:
     if correction == COUPLED:
         return CoupledGRPO()
     return load_objective(config.objective, config.objective_options)
-
-
-def _machine() -> dict:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "jax": importlib.metadata.version("jax"),
-        "load_average": os.getloadavg(),
-    }
 
 
 def _config(staleness: int, correction: str | None, **options) -> TrainConfig:
@@ -303,7 +291,7 @@ def main() -> None:
         help="learning: the runs' learning rate",
     )
     args = parser.parse_args()
-    load_before = os.getloadavg()
+    load_before = load_average()
     name = args.what if args.task == "reverse" else f"{args.what}_{args.task}"
     if args.what == "learning":
         if args.steps not in (None, 250):
@@ -326,16 +314,15 @@ def main() -> None:
     else:
         measure = throughput if args.what == "throughput" else apart
         result = measure(args.steps or 12, args.repeats)
-        print(f"{'job':20} {'setting':15} {'steps/s':>8} {'samples/s':>10} {'x':>6}")
-        for row in result["rows"]:
-            print(
-                f"{row['job']:20} {row['setting']:15} {row['steps_per_s']:>8.3f} "
-                f"{row['samples_per_s']:>10.1f} {row['x_first']:>6.2f}"
-            )
-    result["machine"] = {**_machine(), "load_average_before": load_before}
-    path = args.results or RESULTS / f"async_{name}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {path}")
+        print(table(["job", "setting", "steps/s", "samples/s", "x"], [
+            [row["job"], row["setting"], f"{row['steps_per_s']:.3f}",
+             f"{row['samples_per_s']:.1f}", f"{row['x_first']:.2f}"]
+            for row in result["rows"]
+        ]))  # fmt: skip
+    result["machine"] = machine(
+        "platform", "python", "cpus", "jax", "load_average", load_average_before=load_before
+    )
+    print(f"wrote {write_record(args.results or RESULTS / f'async_{name}.json', result)}")
 
 
 if __name__ == "__main__":

@@ -16,20 +16,15 @@ Prints a table and writes `benchmarks/results/attention.json`.
 """
 
 import argparse
-import json
-import os
-import platform
-import time
-from pathlib import Path
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import RESULTS, in_turns, machine, write_record
 
 from dew.models.attention import BLOCK, attend
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "attention.json"
 GiB = 2**30
 ROWS, KV_HEADS, GROUPS, HEAD_DIM = 8, 2, 7, 64
 
@@ -69,15 +64,12 @@ def main() -> None:
         for form in ("one pass", "blocks"):
             lowered = gradient(form, length).lower(*args_in)
             compiled[form] = lowered.compile()
-        times = {form: [] for form in compiled}
-        for _ in range(args.repeats):
-            for form, program in compiled.items():
-                temp = program.memory_analysis().temp_size_in_bytes
-                if temp > args.run_limit_gib * GiB:
-                    continue
-                began = time.perf_counter()
-                jax.block_until_ready(program(*args_in))
-                times[form].append(time.perf_counter() - began)
+        runnable = {
+            form: functools.partial(program, *args_in)
+            for form, program in compiled.items()
+            if program.memory_analysis().temp_size_in_bytes <= args.run_limit_gib * GiB
+        }
+        times = in_turns(runnable, args.repeats)
         for form, program in compiled.items():
             temp = program.memory_analysis().temp_size_in_bytes
             row = {
@@ -85,7 +77,7 @@ def main() -> None:
                 "form": form,
                 "temp_bytes": int(temp),
                 "scores_bytes": scores,
-                "grad_s": float(np.median(times[form])) if times[form] else None,
+                "grad_s": float(np.median(times[form])) if times.get(form) else None,
             }
             rows.append(row)
             seconds = "not run" if row["grad_s"] is None else f"{row['grad_s']:.3f} s"
@@ -95,18 +87,13 @@ def main() -> None:
                 flush=True,
             )
     result = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "jax": jax.__version__,
-            "backend": jax.default_backend(),
-            "load_average": os.getloadavg(),
-        },
+        "machine": machine(
+            "platform", "cpus", "jax", "load_average", backend=jax.default_backend()
+        ),
         "shape": {"rows": ROWS, "kv_heads": KV_HEADS, "groups": GROUPS, "head_dim": HEAD_DIM},
         "rows": rows,
     }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {write_record(RESULTS / 'attention.json', result)}")
 
 
 if __name__ == "__main__":

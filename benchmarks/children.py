@@ -3,21 +3,17 @@
 `trl_grpo.py` and `trl_smollm2.py` run Dew's side under `uv run` and TRL's under a throwaway
 virtual environment's Python: each side is the same script again (`--child NAME SPEC`), given its
 spec and writing its result as JSON files. This module holds that plumbing, standard library
-only, so both Pythons import it.
+only (as `harness`), so both Pythons import it.
 """
 
 import json
 import os
-import resource
 import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-
-def peak_rss_mib() -> float:
-    """This process's peak resident memory, in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from harness import peak_rss_mib
 
 
 def run_child(children: dict[str, Callable[[dict], dict]], name: str, spec_path: str) -> None:

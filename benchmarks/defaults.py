@@ -18,20 +18,18 @@ after each configuration.
 """
 
 import argparse
-import importlib.metadata
 import itertools
 import json
 import math
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from harness import RESULTS, machine, table, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "defaults.json"
 LEVELS = (0.5, 0.9, 0.95)
 
 CHILD = r"""
@@ -118,7 +116,7 @@ def number(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def table(summaries: list[dict]) -> str:
+def summary_table(summaries: list[dict]) -> str:
     """The summaries, sorted by estimated time to 0.9, as a fixed-width text table."""
     columns = [
         ("lr", lambda s: f"{s['options']['lr']:g}"),
@@ -143,22 +141,12 @@ def table(summaries: list[dict]) -> str:
         ("est t(0.9) s", lambda s: number(s["est_time_to_0.9_s"], 1)),
     ]
     order = sorted(summaries, key=lambda s: s["est_time_to_0.9_s"] or math.inf)
-    cells = [[name for name, _ in columns]] + [[cell(s) for _, cell in columns] for s in order]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return table([name for name, _ in columns], [[cell(s) for _, cell in columns] for s in order])
 
 
-def machine() -> dict:
+def ran_on() -> dict:
     """What the runs ran on, and how loaded it was."""
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "jax": importlib.metadata.version("jax"),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
+    return machine("platform", "python", "cpus", "jax", "load_average")
 
 
 def bound(text: str) -> float | None:
@@ -180,7 +168,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=listed(int), default=[32, 16])
     parser.add_argument("--kl-bound", type=listed(bound), default=[None], help="none or > 0")
     parser.add_argument("--task", type=listed(str), default=["reverse"], help="tasks")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS / "defaults.json", help="where to write the JSON"
+    )
     args = parser.parse_args()
     grid = [
         {
@@ -195,7 +185,7 @@ def main() -> None:
             args.task, args.prompts, args.lr, args.updates_per_rollout, args.kl_bound
         )
     ]
-    started = machine()
+    started = ran_on()
     runs, summaries = [], []
     for options in grid:
         began = time.perf_counter()
@@ -204,17 +194,16 @@ def main() -> None:
         summaries.append(summarize(options, done))
         seconds = time.perf_counter() - began
         print(f"ran {options} x {len(done)} seeds in {seconds:.1f} s", flush=True)
-        args.results.parent.mkdir(parents=True, exist_ok=True)
         record = {
             "machine": started,
-            "machine_at_end": machine(),
+            "machine_at_end": ran_on(),
             "seeds": args.seeds,
             "levels": LEVELS,
             "summary": summaries,
             "runs": runs,
         }
-        args.results.write_text(json.dumps(record, indent=2) + "\n")
-    print(table(summaries))
+        write_record(args.results, record)
+    print(summary_table(summaries))
     print(f"wrote {args.results}")
 
 

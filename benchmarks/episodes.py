@@ -46,30 +46,25 @@ Prints sampled tokens per second and the ratio of each to the single turn, and w
 """
 
 import argparse
-import importlib.metadata
-import json
-import os
-import platform
 import statistics
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from harness import RESULTS, in_turns, machine, table, write_record
 
 from dew.models.registry import resolve_model
 from dew.sampling import continue_state, prefill_state
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "episodes.json"
+RECORD = RESULTS / "episodes.json"
 GUESS = {
     "rows": 128,
     "turns": 3,
     "per_turn": 2,
     "context": 1,
-    "results": RESULTS.with_name("episodes_guess.json"),
+    "results": RESULTS / "episodes_guess.json",
 }
 """`--guess`: the guessing game's shape (`benchmarks/guess.py`'s last 20 steps: 2.95 turns)."""
 
@@ -117,23 +112,6 @@ def reprefilled_turns(graphdef, params, prompts, lengths, key, *, turns, per_tur
     return state
 
 
-def timed(runs: dict, repeats: int) -> dict[str, list[float]]:
-    """Seconds of each of `repeats` calls of each run, after one untimed call (its compilation).
-
-    The runs take turns, one call each per round, so that a shared machine's load, which
-    drifts over seconds, weighs on each alike.
-    """
-    for call in runs.values():
-        jax.block_until_ready(call().tokens)
-    seconds = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, call in runs.items():
-            began = time.perf_counter()
-            jax.block_until_ready(call().tokens)
-            seconds[name].append(time.perf_counter() - began)
-    return seconds
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default")
@@ -142,7 +120,7 @@ def main() -> None:
     parser.add_argument("--per-turn", type=int, default=8, help="tokens sampled per turn")
     parser.add_argument("--context", type=int, default=8, help="tokens appended between turns")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=RECORD)
     parser.add_argument("--guess", action="store_true", help="the guessing game's shape")
     if parser.parse_known_args()[0].guess:
         parser.set_defaults(**GUESS)  # flags given beside --guess still win
@@ -184,33 +162,24 @@ def main() -> None:
     }
     if context == 1:
         del runs["multi-turn, extended, 1 context token"]  # the extended run is that one
-    seconds = timed(runs, args.repeats)
+    # One untimed call of each first: its compilation.
+    seconds = in_turns(runs, args.repeats, warmup=1)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     fastest = medians["single turn"]
     least = {name: min(values) for name, values in seconds.items()}
     print(f"{args.rows} rows x {turns} turns x {per_turn} tokens, {context} context tokens between")
     bound = {name: sampled / fed[name] for name in runs}
-    print(
-        f"{'':38s} {'median ms':>10s} {'tokens/s':>10s} {'vs single':>10s} {'fastest':>8s} "
-        f"{'bound':>6s} {'fed/s vs single':>16s}"
-    )
-    for name, median in medians.items():
-        ratios = f"{fastest / median:10.2f} {least['single turn'] / least[name]:8.2f}"
-        fed_ratio = fastest / median / bound[name]
-        print(
-            f"{name:38s} {1e3 * median:10.1f} {sampled / median:10,.0f} {ratios} "
-            f"{bound[name]:6.2f} {fed_ratio:16.2f}"
-        )
-    machine = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "jax": importlib.metadata.version("jax"),
-        "backend": jax.default_backend(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
+    header = ["", "median ms", "tokens/s", "vs single", "fastest", "bound", "fed/s vs single"]
+    print(table(header, [
+        [name, f"{1e3 * median:.1f}", f"{sampled / median:,.0f}", f"{fastest / median:.2f}",
+         f"{least['single turn'] / least[name]:.2f}", f"{bound[name]:.2f}",
+         f"{fastest / median / bound[name]:.2f}"]
+        for name, median in medians.items()
+    ]))  # fmt: skip
     results = {
-        "machine": machine,
+        "machine": machine(
+            "platform", "python", "cpus", "jax", "load_average", backend=jax.default_backend()
+        ),
         "model": args.model,
         "rows": args.rows,
         "turns": turns,
@@ -231,9 +200,7 @@ def main() -> None:
         },
         "seconds": seconds,
     }
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.results}")
+    print(f"wrote {write_record(args.results, results)}")
 
 
 if __name__ == "__main__":

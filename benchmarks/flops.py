@@ -34,12 +34,8 @@ Prints a table and writes `benchmarks/results/flops.json`, the load average with
 """
 
 import argparse
-import json
-import os
-import platform
+import functools
 import statistics
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -47,6 +43,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from harness import (
+    RESULTS,
+    best_seconds,
+    load_average,
+    machine,
+    table,
+    wall_seconds,
+    write_record,
+)
+from update_memory import SMOLLM2_135M
 
 from dew.batch import Batch
 from dew.models.llama import ModelConfig, build
@@ -56,11 +62,6 @@ from dew.objective import load_objective
 from dew.train.config import TrainConfig
 from dew.train.update import UpdateSpec, make_update, optimizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory import SMOLLM2_135M
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "flops.json"
 PEAK_SIZE = 2048
 
 WIDE = ModelConfig(
@@ -83,15 +84,7 @@ def matmul_peak(dtype: str, repeats: int) -> float:
     """FLOP/s of the fastest of `repeats` jitted `PEAK_SIZE`-cube matmuls in `dtype`."""
     a = jax.random.normal(jax.random.key(0), (PEAK_SIZE, PEAK_SIZE)).astype(dtype)
     matmul = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=jnp.float32))
-    jax.block_until_ready(matmul(a))
-    fastest = min(_timed(lambda: jax.block_until_ready(matmul(a))) for _ in range(max(repeats, 1)))
-    return 2 * PEAK_SIZE**3 / fastest
-
-
-def _timed(call) -> float:
-    began = time.perf_counter()
-    call()
-    return time.perf_counter() - began
+    return 2 * PEAK_SIZE**3 / best_seconds(lambda: matmul(a), max(repeats, 1))
 
 
 def random_batch(vocab: int, rows: int, group: int, prompt: int, completion, length: int):
@@ -137,7 +130,7 @@ def parts(config: ModelConfig, batch: Batch, compute_dtype: str):
         options.update,
         compute_dtype=compute_dtype,
     )
-    update = make_update(spec).jitted
+    update = make_update(spec)
     tx = optimizer(options.optimizer)
     opt_state = tx.init(params)
     reference = jax.tree.map(jnp.copy, params)
@@ -189,10 +182,9 @@ def measure(name: str, compute_dtype: str, peak: float, repeats: int) -> list[di
     for turn in range(repeats + 1):  # the first turn warms up
         for part, (_, args) in programs.items():
             prepared = jax.block_until_ready(args())  # copied before the clock starts
-            began = time.perf_counter()
-            jax.block_until_ready(compiled[part](*prepared))
+            seconds = wall_seconds(functools.partial(compiled[part], *prepared))
             if turn:
-                times[part].append(time.perf_counter() - began)
+                times[part].append(seconds)
     out = []
     for part, program in compiled.items():
         flops = float(program.cost_analysis()["flops"])
@@ -210,9 +202,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=RESULTS / "flops.json")
     args = parser.parse_args()
-    load_before = os.getloadavg()
+    load_before = load_average()
     peaks = {dtype: matmul_peak(dtype, args.repeats) for dtype in ("float32", "bfloat16")}
     rows = []
     for name in args.models:
@@ -221,29 +213,24 @@ def main() -> None:
     result = {
         "matmul_peak_flop_per_s": peaks,
         "peak_size": PEAK_SIZE,
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "machine": {
-            "platform": jax.default_backend(),
-            "device": str(jax.devices()[0]),
-            "cpus": os.cpu_count(),
-            "cpu": platform.processor() or platform.machine(),
-            "jax": jax.__version__,
-        },
+        "load_average": {"before": load_before, "after": load_average()},
+        "machine": machine(
+            "cpus", "cpu", "jax", platform=jax.default_backend(), device=str(jax.devices()[0])
+        ),
         "rows": rows,
     }
-    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(args.results, result)
     print(
         f"matmul peak: float32 {peaks['float32'] / 1e9:.1f} GFLOP/s, bfloat16 "
         f"{peaks['bfloat16'] / 1e9:.1f} GFLOP/s; load average {load_before[0]:.1f}"
     )
-    header = ("model", "part", "dtype", "GFLOP", "ms", "GFLOP/s", "of peak")
-    print("{:8} {:20} {:9} {:>9} {:>9} {:>8} {:>7}".format(*header))
-    for row in rows:
-        print(
-            f"{row['model']:8} {row['part']:20} {row['compute_dtype']:9} "
-            f"{row['flops'] / 1e9:>9.3f} {1e3 * row['seconds']:>9.1f} "
-            f"{row['flop_per_s'] / 1e9:>8.2f} {row['of_peak']:>7.3f}"
-        )
+    header = ["model", "part", "dtype", "GFLOP", "ms", "GFLOP/s", "of peak"]
+    cells = [
+        [row["model"], row["part"], row["compute_dtype"], f"{row['flops'] / 1e9:.3f}",
+         f"{1e3 * row['seconds']:.1f}", f"{row['flop_per_s'] / 1e9:.2f}", f"{row['of_peak']:.3f}"]
+        for row in rows
+    ]  # fmt: skip
+    print(table(header, cells))
     print(f"wrote {args.results}")
 
 

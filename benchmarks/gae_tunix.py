@@ -10,29 +10,22 @@ All are jitted and warm, take the same float32 `[B, T]` rewards and values (Tuni
 mask as float32, the form it multiplies by) and are timed in turn, one call of each per repeat
 and each repeat starting with the next function, so a slow moment of this shared machine slows
 all alike; each timed call follows one untimed call. Also timed: `gae`'s previous form
-(`where_scan_whitened_time_major` of `rl_math.py`). Prints a table; writes
+(`where_scan_whitened_time_major` of `gae_forms.py`). Prints a table; writes
 `benchmarks/results/gae_tunix.json`.
 """
 
 import argparse
+import functools
 import importlib.metadata
-import importlib.util
-import json
-import platform
 import statistics
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from gae_forms import where_scan_whitened_time_major
+from harness import RESULTS, in_turns, machine, table, write_record
 from tunix.rl.algo_core import compute_gae_advantages
 
 import dew.rl as rl
-
-HERE = Path(__file__).parent
-spec = importlib.util.spec_from_file_location("rl_math", HERE / "rl_math.py")
-rl_math = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rl_math)
 
 
 def main() -> None:
@@ -49,7 +42,7 @@ def main() -> None:
     calls = {
         "dew.rl.gae": (jax.jit(lambda r, v, m: rl.gae(r, v, m, 1.0, 0.95)), mask),
         "dew.rl.gae, previous form": (
-            jax.jit(lambda r, v, m: rl_math.where_scan_whitened_time_major(r, v, m, 1.0, 0.95)),
+            jax.jit(lambda r, v, m: where_scan_whitened_time_major(r, v, m, 1.0, 0.95)),
             mask,
         ),
         "tunix compute_gae_advantages": (
@@ -60,16 +53,12 @@ def main() -> None:
     outputs = {
         name: jax.block_until_ready(call(rewards, values, m)) for name, (call, m) in calls.items()
     }
-    seconds = {name: [] for name in calls}
-    names = list(calls)
-    for repeat in range(args.repeats):
-        # Each repeat starts with the next function, so none always runs first.
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            call, m = calls[name]
-            jax.block_until_ready(call(rewards, values, m))
-            began = time.perf_counter()
-            jax.block_until_ready(call(rewards, values, m))
-            seconds[name].append(time.perf_counter() - began)
+    seconds = in_turns(
+        {name: functools.partial(call, rewards, values, m) for name, (call, m) in calls.items()},
+        args.repeats,
+        settle=True,
+        rotate=True,
+    )
     tunix = statistics.median(seconds["tunix compute_gae_advantages"])
     reference = outputs["tunix compute_gae_advantages"]
     rows = [
@@ -87,18 +76,18 @@ def main() -> None:
         }
         for name in calls
     ]
-    machine = {
-        "platform": jax.default_backend(),
-        "devices": jax.device_count(),
-        "cpu": platform.processor() or platform.machine(),
-        "jax": jax.__version__,
-        "tunix": importlib.metadata.version("google-tunix"),
-        "repeats": args.repeats,
-    }
-    print(f"machine: {machine}")
-    print(rl_math.table(rows, ["function", "B", "T", "ms", "x_tunix", "max_abs_diff_to_tunix"]))
-    out = HERE / "results" / "gae_tunix.json"
-    out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
+    ran_on = machine(
+        "cpu",
+        "jax",
+        platform=jax.default_backend(),
+        devices=jax.device_count(),
+        tunix=importlib.metadata.version("google-tunix"),
+        repeats=args.repeats,
+    )
+    print(f"machine: {ran_on}")
+    columns = ["function", "B", "T", "ms", "x_tunix", "max_abs_diff_to_tunix"]
+    print(table(columns, [[row[c] for c in columns] for row in rows]))
+    out = write_record(RESULTS / "gae_tunix.json", {"machine": ran_on, "rows": rows})
     print(f"\nwrote {out}")
 
 

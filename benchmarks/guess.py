@@ -14,15 +14,13 @@ all). Writes `benchmarks/results/guess.json` and the curve, `docs/assets/guess.p
 """
 
 import argparse
-import importlib.metadata
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
+from harness import RESULTS, machine, write_record
 
 from dew.evaluation import evaluate
 from dew.tasks.guess import NumberGuess
@@ -68,7 +66,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="default")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "guess.json"))
+    parser.add_argument("--out", default=str(RESULTS / "guess.json"))
     args = parser.parse_args()
     run_dir = ROOT / "runs" / f"bench-guess-{args.seed}"
     config = TrainConfig(
@@ -103,14 +101,9 @@ def main() -> None:
         "last_20_steps_solved": float(np.mean([c["solved"] for c in curve[-20:]])),
         "last_20_steps_turns": float(np.mean([c["turns"] for c in curve[-20:]])),
         "curve": curve,
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "jax": importlib.metadata.version("jax"),
-        },
+        "machine": machine("platform", "python", "cpus", "jax"),
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_record(Path(args.out), result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("curve", "machine")}, indent=1))
 
 

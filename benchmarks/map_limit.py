@@ -16,17 +16,15 @@ meets (`dew.programs`). The evidence for a report upstream; writes
 """
 
 import argparse
-import json
 import mmap
-import os
-import platform
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from harness import RESULTS, machine, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "map_limit.json"
 LEFT = (4000, 2000, 1000, 700, 500, 400, 300, 200, 100)
 
 
@@ -84,16 +82,16 @@ def main() -> None:
         rows.append(row)
         print(f"{left:>6}  {row['ended']:<10} {row['last'][:100]}")
     record = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "max_map_count": int(Path("/proc/sys/vm/max_map_count").read_text()),
-            "jaxlib": __import__("jaxlib").__version__,
-        },
+        "machine": machine(
+            "platform",
+            "cpus",
+            max_map_count=int(Path("/proc/sys/vm/max_map_count").read_text()),
+            jaxlib=__import__("jaxlib").__version__,
+        ),
         "rows": rows,
     }
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    written = write_record(RESULTS / "map_limit.json", record)
+    print(f"wrote {written.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,8 @@ Prints tables and writes `benchmarks/results/memory.json`.
 
 import argparse
 import dataclasses
-import json
+import functools
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -48,70 +47,35 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from harness import RESULTS, machine, read_record, time_call, write_record
+from update_memory import (
+    FLAGS,
+    GROUP,
+    QWEN25_05B,
+    QWEN25_3B,
+    SMOLLM2_135M,
+    as_dtype,
+    compiled_memory,
+    parameter_counts,
+    policy_parts,
+    update_spec,
+)
 
 from dew.batch import Batch
-from dew.models.llama import ModelConfig, abstract, build
-from dew.models.lora import add_lora, trainable
+from dew.models.llama import ModelConfig
 from dew.models.registry import SIZES
-from dew.objective import load_objective
 from dew.train.config import TrainConfig
 from dew.train.trainer import Trainer
-from dew.train.update import UpdateSpec, make_update, optimizer
+from dew.train.update import make_update, optimizer
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
+RECORD = RESULTS / "memory.json"
 GiB = 2**30
 BUDGETS = {"24GiB": 24 * GiB, "80GiB": 80 * GiB}
-GROUP = 8
 LAYERS, ROWS = (2, 3), (8, 16)
 TIMED = (4, 128)
 """Rows and length of the timed SmolLM2-size steps (a step of 135M parameters: seconds here)."""
 PACKED = (64, 512)
 """Rows and length of the packing comparison: short chains in long rows."""
-FLAGS = (
-    "--xla_cpu_enable_concurrency_optimized_scheduler=false "
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-)
-
-SMOLLM2_135M = ModelConfig(
-    vocab_size=49_152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    max_position_embeddings=8192,
-    rope_theta=100_000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-)
-"""SmolLM2-135M-Instruct's configuration, as `dew.hf.load_policy` reads the packaged GGUF's."""
-
-QWEN25_05B = ModelConfig(
-    vocab_size=151_936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    max_position_embeddings=32_768,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    attention_bias=True,
-    tie_word_embeddings=True,
-)
-"""Qwen2.5-0.5B's `config.json`, as `dew.hf` reads it."""
-
-QWEN25_3B = dataclasses.replace(
-    QWEN25_05B,
-    hidden_size=2048,
-    intermediate_size=11_008,
-    num_hidden_layers=36,
-    num_attention_heads=16,
-)
-"""Qwen2.5-3B's `config.json` (2 key-value heads and the vocabulary as the 0.5B's, tied)."""
 
 LARGER = {"Qwen2.5-3B (random)": QWEN25_3B}
 """Models compiled only with `LARGER_SETTING`: what full fine-tuning fits in 80 GiB."""
@@ -132,102 +96,6 @@ SETTINGS = {
     },
 }
 """Each setting's options, by their flag names; the LoRA modules are the default seven."""
-
-
-def as_dtype(tree, dtype: str):
-    """`tree` with every floating-point array cast to `dtype`."""
-    floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
-    return jax.tree.map(lambda x: x.astype(dtype) if floating(x) else x, tree)
-
-
-def shapes(tree):
-    """`tree` with every array a `jax.ShapeDtypeStruct`."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
-
-def policy_parts(model: ModelConfig, config: TrainConfig, shaped: bool = True):
-    """`(graphdef, trained, frozen)` of a run of `config` on `model`, split as the trainer does.
-
-    `shaped`: the base is `abstract` (nothing allocated) and every leaf a `ShapeDtypeStruct`.
-    """
-    policy = abstract(model) if shaped else build(model, 0)
-    lora = config.lora
-    if lora.lora_rank:
-        policy = add_lora(policy, lora.lora_rank, lora.lora_alpha, lora.modules, 0)
-    graphdef, params, frozen = nnx.split(policy, trainable if lora.lora_rank else nnx.Param, ...)
-    params = nnx.to_pure_dict(params)
-    frozen = nnx.to_pure_dict(frozen)
-    if shaped:
-        params, frozen = shapes(params), shapes(frozen)
-        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
-        stored = jnp.dtype(config.precision.param_dtype)
-        frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, stored), frozen)
-        return graphdef, params, frozen
-    return (
-        graphdef,
-        as_dtype(params, "float32"),
-        as_dtype(frozen, config.precision.param_dtype),
-    )
-
-
-def reference(params, config: TrainConfig):
-    """The KL reference the trainer keeps: adapters at zero, or a copy in `--param-dtype`."""
-    dtype = "float32" if config.lora.lora_rank else config.precision.param_dtype
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), params)
-
-
-def batch_shapes(rows: int, length: int) -> Batch:
-    """A GRPO batch of `rows` x `length`, as shapes."""
-    token, flag = (
-        jax.ShapeDtypeStruct((rows, length), jnp.int32),
-        jax.ShapeDtypeStruct((rows, length), jnp.bool_),
-    )
-    floats = jax.ShapeDtypeStruct((rows, length), jnp.float32)
-    return Batch(token, flag, flag, floats, jax.ShapeDtypeStruct((rows,), jnp.float32), GROUP)
-
-
-def update_spec(graphdef, config: TrainConfig) -> UpdateSpec:
-    objective = load_objective("grpo")
-    return UpdateSpec(
-        graphdef,
-        objective,
-        config.optimizer,
-        config.update,
-        memory=config.memory,
-        compute_dtype=config.precision.compute_dtype,
-    )
-
-
-def compiled_memory(model: ModelConfig, config: TrainConfig, rows: int, length: int) -> dict:
-    """The compiled update's memory analysis at `rows` x `length`, in bytes, and compile seconds."""
-    graphdef, params, frozen = policy_parts(model, config)
-    opt_state = jax.eval_shape(optimizer(config.optimizer).init, params)
-    update = make_update(update_spec(graphdef, config))
-    began = time.perf_counter()
-    compiled = update.jitted.lower(
-        params, opt_state, frozen, reference(params, config), batch_shapes(rows, length)
-    ).compile()
-    seconds = time.perf_counter() - began
-    analysis = compiled.memory_analysis()
-    inputs = analysis.argument_size_in_bytes
-    peak = inputs + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
-    peak += analysis.temp_size_in_bytes
-    return {
-        "peak_bytes": int(peak),
-        "argument_bytes": int(inputs),
-        "temp_bytes": int(analysis.temp_size_in_bytes),
-        "compile_s": seconds,
-    }
-
-
-def parameter_counts(model: ModelConfig, config: TrainConfig) -> dict:
-    """Trainable and base parameter counts of a run of `config` on `model`."""
-    _, params, frozen = policy_parts(model, config)
-    trained = sum(x.size for x in jax.tree.leaves(params))
-    if not config.lora.lora_rank:
-        return {"trainable": trained, "base": trained, "share": 1.0}
-    base = sum(x.size for x in jax.tree.leaves(frozen))
-    return {"trainable": trained, "base": base, "share": trained / base}
 
 
 def peak_model(model: ModelConfig, config: TrainConfig, length: int) -> dict:
@@ -296,10 +164,9 @@ def step_seconds(model, config: TrainConfig, batch: Batch, steps: int) -> tuple[
     update = make_update(update_spec(graphdef, config))
     times = []
     for _ in range(steps + 1):
-        began = time.perf_counter()
-        params, opt_state, metrics = update(params, opt_state, frozen, ref, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - began)
+        step = functools.partial(update, params, opt_state, frozen, ref, batch)
+        (params, opt_state, _), seconds = time_call(step)
+        times.append(seconds)
     return float(np.median(times[1:])), times[0]
 
 
@@ -319,9 +186,8 @@ def packed_step_seconds(batch: Batch, pack: bool, steps: int) -> tuple[float, fl
         trainer = Trainer(config, quiet=True)
         times, metrics = [], {}
         for _ in range(steps + 1):
-            began = time.perf_counter()
-            metrics = trainer.update_phase(batch)
-            times.append(time.perf_counter() - began)
+            metrics, seconds = time_call(functools.partial(trainer.update_phase, batch))
+            times.append(seconds)
         trainer.lock.release()
     used = np.asarray(batch.prompt_mask | batch.completion_mask).mean()
     return float(np.median(times[1:])), metrics.get("pack_fill", float(used))
@@ -330,8 +196,8 @@ def packed_step_seconds(batch: Batch, pack: bool, steps: int) -> tuple[float, fl
 def memory_row(name: str, model: ModelConfig, setting: str, length: int) -> dict:
     """The fitted peak of `model` (called `name`) under `setting` at `length` tokens a row."""
     layers = model.num_hidden_layers
-    began = time.perf_counter()
-    fit = peak_model(model, TrainConfig().replace(**SETTINGS[setting]), length)
+    config = TrainConfig().replace(**SETTINGS[setting])
+    fit, seconds = time_call(functools.partial(peak_model, model, config, length))
     row = {
         "model": name,
         "setting": setting,
@@ -345,7 +211,7 @@ def memory_row(name: str, model: ModelConfig, setting: str, length: int) -> dict
             for budget, size in BUDGETS.items()
         },
         "fit": fit,
-        "compile_s": time.perf_counter() - began,
+        "compile_s": seconds,
     }
     print(
         f"{name:22s} {setting:50s} 8 x {length}: "
@@ -426,7 +292,7 @@ def run_part(part: str, argv: list[str], flags: str | None) -> dict:
     out = Path(tempfile.mkdtemp()) / f"{part}.json"
     command = [sys.executable, __file__, "--part", part, "--part-out", str(out), *argv]
     subprocess.run(command, env=env, check=True)
-    return json.loads(out.read_text())
+    return read_record(out)
 
 
 def main() -> None:
@@ -443,28 +309,22 @@ def main() -> None:
     args = parser.parse_args()
     if args.part:
         result = memory_part(args.length) if args.part == "memory" else timing_part(args.steps)
-        Path(args.part_out).write_text(json.dumps(result))
+        write_record(Path(args.part_out), result)
         return
     began = time.perf_counter()
     argv = ["--length", str(args.length), "--steps", str(args.steps)]
     flags = {"memory": FLAGS, "timing": None}
-    kept = json.loads(RESULTS.read_text()) if args.only else {}
+    kept = read_record(RECORD) if args.only else {}
     results = {
         **kept,
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "jax": jax.__version__,
-            "backend": jax.default_backend(),
-        },
+        "machine": machine("platform", "cpus", "jax", backend=jax.default_backend()),
         "budget_bytes": BUDGETS,
         "compile_flags": FLAGS,
     }
     for part in (args.only,) if args.only else flags:
         results.update(run_part(part, argv, flags[part]))
     results["wall_s"] = time.perf_counter() - began
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS} in {results['wall_s']:.0f} s")
+    print(f"wrote {write_record(RECORD, results)} in {results['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -33,22 +33,18 @@ average with it.
 import argparse
 import itertools
 import json
-import os
-import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from harness import RESULTS, best_seconds, load_average, machine, table, write_record
 
 from dew.models.registry import resolve_model
 from dew.sampling import sample_state
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "models.json"
 MODELS = {"smollm2": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)"}
 
 LOAD = r"""
@@ -67,18 +63,7 @@ print(json.dumps({"load_s": seconds, "rss_before_mib": before,
 """
 
 
-def best_seconds(run, repeats: int) -> float:
-    """The fastest of `repeats` timed calls of `run` (after one untimed call that compiles)."""
-    jax.block_until_ready(run())
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        jax.block_until_ready(run())
-        times.append(time.perf_counter() - began)
-    return min(times)
-
-
-def machine(repeats: int) -> dict:
+def machine_peaks(repeats: int) -> dict:
     """Copy bandwidth (bytes/s) and float32 matmul FLOP/s, measured."""
     buffer = [jnp.ones((64, 2**20), jnp.float32)]  # 256 MiB
     copy = jax.jit(lambda a: a + 1.0, donate_argnums=0)
@@ -173,10 +158,6 @@ def matmuls_seconds(policy, batch: int, repeats: int) -> float:
     return best_seconds(lambda: products(layers, unembedding, x), repeats)
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{1e3 * seconds:.2f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
@@ -186,7 +167,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="a --model name")
     parser.add_argument("--sample-dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--temperature", type=float, default=0.0, help="decode's (0: greedy)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=RESULTS / "models.json")
     args = parser.parse_args()
     source = resolve_model(args.model)
     loading = None
@@ -201,8 +182,8 @@ def main() -> None:
     params = jax.tree.leaves(nnx.state(policy, nnx.Param))
     weight_bytes = sum(p.size * p.dtype.itemsize for p in params)
     largest = max(p.size * p.dtype.itemsize for p in params)
-    load_before = os.getloadavg()
-    peaks = machine(args.repeats)
+    load_before = load_average()
+    peaks = machine_peaks(args.repeats)
     rows, steps = [], []
     for dtype, batch in itertools.product(args.sample_dtypes, args.batches):
         timed = measure(policy, batch, args.prompt, args.new, args.repeats, dtype, args.temperature)
@@ -233,7 +214,7 @@ def main() -> None:
     result = {
         "model": MODELS.get(args.model, args.model),
         "temperature": args.temperature,
-        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "load_average": {"before": load_before, "after": load_average()},
         "prompt_tokens": args.prompt,
         "new_tokens": args.new,
         "parameters": sum(p.size for p in params),
@@ -241,18 +222,17 @@ def main() -> None:
         "largest_tensor_bytes": largest,
         "gguf_file_bytes": source.path.stat().st_size if source.path else None,
         "load": loading,
-        "machine": {
+        "machine": machine(
+            "cpus",
+            "cpu",
+            "jax",
             **peaks,
-            "platform": jax.default_backend(),
-            "device": str(jax.devices()[0]),
-            "cpus": os.cpu_count(),
-            "cpu": platform.processor() or platform.machine(),
-            "jax": jax.__version__,
-        },
+            platform=jax.default_backend(),
+            device=str(jax.devices()[0]),
+        ),
         "phases": rows,
         "steps": steps,
     }
-    args.results.write_text(json.dumps(result, indent=2) + "\n")
     copy, matmul = peaks["copy_bytes_per_s"] / 1e9, peaks["matmul_flop_per_s"] / 1e9
     print(f"copy {copy:.2f} GB/s, matmul {matmul:.1f} GFLOP/s, load average {load_before[0]:.1f}")
     if loading is not None:
@@ -261,19 +241,18 @@ def main() -> None:
             f"load {loading['load_s']:.1f} s, peak RSS {rss:.0f} MiB (before {before:.0f} MiB; "
             f"weights {weight_bytes / 2**20:.0f} MiB)"
         )
-    print(f"{'phase':8} {'dtype':9} {'batch':>5} {'tokens/s':>10} {'roofline':>10} {'ratio':>6}")
-    for row in rows:
-        print(
-            f"{row['phase']:8} {row['dtype']:9} {row['batch']:>5} {row['tokens_per_s']:>10.1f} "
-            f"{row['roofline_tokens_per_s']:>10.1f} {row['of_roofline']:>6.2f}"
-        )
-    print(f"{'dtype':9} {'batch':>5} {'step ms':>8} {'matmuls':>8}")
-    for step in steps:
-        print(
-            f"{step['dtype']:9} {step['batch']:>5} {1e3 * step['step_s']:>8.2f} "
-            f"{_ms(step['matmuls_s']):>8}"
-        )
-    print(f"wrote {args.results}")
+    header = ["phase", "dtype", "batch", "tokens/s", "roofline", "ratio"]
+    print(table(header, [
+        [row["phase"], row["dtype"], row["batch"], f"{row['tokens_per_s']:.1f}",
+         f"{row['roofline_tokens_per_s']:.1f}", f"{row['of_roofline']:.2f}"]
+        for row in rows
+    ]))  # fmt: skip
+    print(table(["dtype", "batch", "step ms", "matmuls"], [
+        [step["dtype"], step["batch"], f"{1e3 * step['step_s']:.2f}",
+         "-" if step["matmuls_s"] is None else f"{1e3 * step['matmuls_s']:.2f}"]
+        for step in steps
+    ]))  # fmt: skip
+    print(f"wrote {write_record(args.results, result)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Each command runs in a fresh process, and its peak resident set is read back whe
 Each is measured against a budget of what it needs, from its own shapes. Training: the GRPO
 update as XLA compiles it for the run's batch (rows = prompts x group, prompt width + new tokens
 long), whose peak holds the float32 weights, their gradient, AdamW's two moments, the reference
-copy and the batch's activations (`compiled_memory` of `benchmarks/memory.py`, with its
+copy and the batch's activations (`compiled_memory` of `benchmarks/update_memory.py`, with its
 memory-minimising scheduler: the program's need, not the CPU default's slack), plus the
 sampler's KV cache and the logits each row draws from, for the rollout's rows. Evaluation: the
 float32 weights and the sampler's KV cache and logits for one draw of rows. Issue #32 asks for a
@@ -26,7 +26,6 @@ Prints a table and writes `benchmarks/results/peak_memory.json`.
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ import time
 from pathlib import Path
 
 import jax
+from harness import RESULTS, machine, write_record
+from update_memory import FLAGS, compiled_memory, parameter_counts
 
 from dew.models.registry import resolve_model
 from dew.rollout import Prompter
@@ -41,11 +42,7 @@ from dew.tasks import get_task
 from dew.train import TrainConfig
 from dew.train.config import CHECKPOINT_DEFAULTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory import FLAGS, compiled_memory, parameter_counts
-
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "peak_memory.json"
 GiB = 2**30
 STEPS, PROMPTS, K = 2, 8, 4
 EVAL_ROWS_PER_DRAW = 64
@@ -108,8 +105,8 @@ def budgets() -> dict:
 
 
 def budgets_compiled() -> dict:
-    """`budgets()`, computed in a subprocess under `memory.FLAGS` (the commands run with XLA's
-    defaults)."""
+    """`budgets()`, computed in a subprocess under `update_memory.FLAGS` (the commands run with
+    XLA's defaults)."""
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {FLAGS}".strip()}
     command = [sys.executable, __file__, "--budgets"]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
@@ -152,7 +149,7 @@ def main() -> None:
             ],
         }
         results = {
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "machine": machine("platform", "cpus"),
             "jax": jax.__version__,
             "width": parts["width"],
             "max_new_tokens": parts["max_new_tokens"],
@@ -177,8 +174,7 @@ def main() -> None:
                 f"({peak / total:.2f}x; allowed {ALLOWED:.0f}x)",
                 flush=True,
             )
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {write_record(RESULTS / 'peak_memory.json', results)}")
 
 
 if __name__ == "__main__":

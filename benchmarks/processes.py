@@ -13,10 +13,8 @@ the table gives the median over the steps of every round. Prints a table and wri
 """
 
 import argparse
-import importlib.metadata
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -24,9 +22,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from harness import RESULTS, machine, table, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "processes.json"
 RUN = "import sys; from dew.cli import main; sys.exit(main())"
 LAYOUTS = {
     "1 process x 1 device": (1, 1),
@@ -75,24 +73,21 @@ def summary(rows: list[list[dict]]) -> dict:
     }
 
 
-def table(results: dict[str, dict]) -> str:
+def layouts_table(results: dict[str, dict]) -> str:
     """The results as a fixed-width text table, each layout's step time against one device's."""
     base = results["1 process x 1 device"]["step_s"]
-    cells = [["layout", "ms/step", "rollout ms", "update ms", "x 1 device"]]
-    for name, result in results.items():
-        cells.append(
-            [
-                name,
-                f"{1000 * result['step_s']:.0f}",
-                f"{1000 * result['rollout_s']:.0f}",
-                f"{1000 * result['update_s']:.0f}",
-                f"{result['step_s'] / base:.2f}",
-            ]
-        )
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    header = ["layout", "ms/step", "rollout ms", "update ms", "x 1 device"]
+    rows = [
+        [
+            name,
+            f"{1000 * result['step_s']:.0f}",
+            f"{1000 * result['rollout_s']:.0f}",
+            f"{1000 * result['update_s']:.0f}",
+            f"{result['step_s'] / base:.2f}",
+        ]
+        for name, result in results.items()
+    ]
+    return table(header, rows)
 
 
 def main() -> None:
@@ -107,21 +102,15 @@ def main() -> None:
             rows[name].append(run(processes, devices, args.steps))
             print(f"ran {name} in {time.perf_counter() - began:.1f} s", flush=True)
     results = {name: summary(runs) for name, runs in rows.items()}
-    print(table(results))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    print(layouts_table(results))
     record = {
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "jax": importlib.metadata.version("jax"),
-        },
+        "machine": machine("platform", "python", "cpus", "jax"),
         "steps": args.steps,
         "rounds": args.rounds,
         "layouts": results,
     }
-    RESULTS.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    written = write_record(RESULTS / "processes.json", record)
+    print(f"wrote {written.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -23,18 +23,14 @@ second, and writes `benchmarks/results/sampler.json`.
 
 import argparse
 import functools
-import importlib.metadata
-import json
-import os
-import platform
 import statistics
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from harness import RESULTS, in_turns, machine, table, write_record
 
 from dew.compile_cache import use_compile_cache
 from dew.models.registry import resolve_model
@@ -42,9 +38,6 @@ from dew.rollout import Prompter, rollout
 from dew.sampling import sample_state
 from dew.tasks import get_task
 from dew.train import TrainConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "sampler.json"
 
 
 def floor_passes(graphdef, params, prompts, max_new_tokens: int, group: int) -> jax.Array:
@@ -70,21 +63,12 @@ def floor_passes(graphdef, params, prompts, max_new_tokens: int, group: int) -> 
     return logits
 
 
-def timed(call, repeats: int) -> list[float]:
-    """Seconds of each of `repeats` calls of `call`, after one untimed call."""
-    jax.block_until_ready(call())
-    seconds = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        jax.block_until_ready(call())
-        seconds.append(time.perf_counter() - began)
-    return seconds
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=101, help="timed calls of each, in turns")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS / "sampler.json", help="where to write the JSON"
+    )
     args = parser.parse_args()
     use_compile_cache()
     config = TrainConfig()
@@ -119,10 +103,7 @@ def main() -> None:
         "sampler, every row prefilled": sampled,
         "rollout": lambda: rollout(graphdef, params, prompter, prompts, group, key).batch,
     }
-    seconds = {name: [] for name in calls}
-    for _ in range(args.repeats):
-        for name, call in calls.items():
-            seconds[name] += timed(call, 1)
+    seconds = in_turns(calls, args.repeats, settle=True)
     completion = sampled(group=group).completion_mask
     tokens = int(completion.sum())
     medians = {name: statistics.median(s) for name, s in seconds.items()}
@@ -130,21 +111,12 @@ def main() -> None:
         f"{len(rows)} rows, prompt width {prompter.width}, {new} new tokens at most, "
         f"{tokens} completion tokens drawn"
     )
-    print(f"{'':30s} {'median ms':>10s} {'x floor':>8s} {'tokens/s':>10s}")
-    for name, median in medians.items():
-        print(
-            f"{name:30s} {1e3 * median:10.2f} {median / medians['floor']:8.2f} "
-            f"{tokens / median:10,.0f}"
-        )
-    machine = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "jax": importlib.metadata.version("jax"),
-        "load_average": list(os.getloadavg()),
-    }
+    print(table(["", "median ms", "x floor", "tokens/s"], [
+        [name, f"{1e3 * median:.2f}", f"{median / medians['floor']:.2f}", f"{tokens / median:,.0f}"]
+        for name, median in medians.items()
+    ]))  # fmt: skip
     results = {
-        "machine": machine,
+        "machine": machine("platform", "python", "cpus", "jax", "load_average"),
         "rows": len(rows),
         "prompt_width": prompter.width,
         "max_new_tokens": new,
@@ -152,9 +124,7 @@ def main() -> None:
         "median_s": medians,
         "seconds": seconds,
     }
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.results}")
+    print(f"wrote {write_record(args.results, results)}")
 
 
 if __name__ == "__main__":

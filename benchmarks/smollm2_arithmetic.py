@@ -18,37 +18,33 @@ task's answers:
 """
 
 import argparse
-import json
-import platform
-import resource
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
+from harness import RESULTS, machine, peak_rss_mib, table, time_call, write_record
 
 from dew.evaluation import evaluate
 from dew.train import TrainConfig
 from dew.train.config import CHECKPOINT_DEFAULTS
 from dew.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "smollm2_arithmetic.json"
-
 
 def held_out(trainer: Trainer, prompts: int, k: int) -> dict[str, float]:
-    began = time.perf_counter()
-    metrics = evaluate(
-        trainer.graphdef,
-        trainer.policy_params(),
-        trainer.prompter,
-        prompts=prompts,
-        k=k,
-        temperature=1.0,
-        key=jax.random.key(1234),
+    """The policy's held-out metrics, always on the same problems and key, and their seconds."""
+    metrics, seconds = time_call(
+        lambda: evaluate(
+            trainer.graphdef,
+            trainer.policy_params(),
+            trainer.prompter,
+            prompts=prompts,
+            k=k,
+            temperature=1.0,
+            key=jax.random.key(1234),
+        )
     )
-    return {**metrics, "eval_s": time.perf_counter() - began}
+    return {**metrics, "eval_s": seconds}
 
 
 def main() -> None:
@@ -62,7 +58,7 @@ def main() -> None:
     parser.add_argument("--objective", default="grpo")
     parser.add_argument("--lora-rank", type=int, default=0)
     parser.add_argument("--lr", type=float, default=CHECKPOINT_DEFAULTS["lr"])
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=RESULTS / "smollm2_arithmetic.json")
     args = parser.parse_args()
     options = {
         **CHECKPOINT_DEFAULTS,
@@ -80,13 +76,11 @@ def main() -> None:
         )
         trainer = Trainer(config, quiet=True)
         before = held_out(trainer, args.eval_prompts, args.k)
-        began = time.perf_counter()
-        rows = trainer.run()
-        train_s = time.perf_counter() - began
+        rows, train_s = time_call(trainer.run)
         after = held_out(trainer, args.eval_prompts, args.k)
     steady = rows[1:] or rows
     result = {
-        "machine": {"platform": platform.platform(), "devices": [str(d) for d in jax.devices()]},
+        "machine": machine("platform", devices=[str(d) for d in jax.devices()]),
         "options": options,
         "k": args.k,
         "config": {
@@ -107,17 +101,16 @@ def main() -> None:
         "trainable_parameters": sum(x.size for x in jax.tree.leaves(trainer.params)),
         "parameters": sum(x.size for x in jax.tree.leaves(trainer.policy_params())),
         "completion_tokens": [r["completion_tokens"] for r in rows],
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss_mib(),
     }
-    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(args.results, result)
     k = args.k
-    print(f"{'':<10} {'pass@1':>8} {f'pass@{k}':>8} {f'maj@{k}':>8} {'reward':>8} {'tokens':>8}")
-    for name, metrics in (("before", before), ("after", after)):
-        print(
-            f"{name:<10} {metrics['eval/pass@1']:8.3f} {metrics[f'eval/pass@{k}']:8.3f} "
-            f"{metrics[f'eval/maj@{k}']:8.3f} {metrics['eval/reward']:8.3f} "
-            f"{metrics['eval/completion_tokens']:8.1f}"
-        )
+    shares = ["pass@1", f"pass@{k}", f"maj@{k}", "reward"]
+    print(table(["", *shares, "tokens"], [
+        [name, *(f"{metrics[f'eval/{share}']:.3f}" for share in shares),
+         f"{metrics['eval/completion_tokens']:.1f}"]
+        for name, metrics in (("before", before), ("after", after))
+    ]))  # fmt: skip
     print(
         f"steady step: sampling {result['rollout_s']:.1f} s, update {result['update_s']:.1f} s; "
         f"first step {result['first_step_s']:.1f} s; peak RSS {result['peak_rss_mib']:.0f} MiB"

@@ -26,8 +26,6 @@ t over the seeds), and the gain over step 0 paired by seed with its interval; wr
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,11 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import RESULTS, load_average, machine, table, write_record
+
 from dew.train import TrainConfig
 from dew.train.config import CHECKPOINT_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "smollm2_learning.json"
 COMMAND = ["--model", "smollm2", "--task", "arithmetic"]
 EVALUATION = ["--eval-every", "15", "--eval-prompts", "100", "--eval-k", "1"]
 """The README command's held-out evaluation: every 15 steps, 100 problems, one completion each."""
@@ -95,7 +94,7 @@ def one_seed(seed: int, evaluation: dict, folder: Path, extra: list[str]) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=RESULTS / "smollm2_learning.json")
     parser.add_argument("--max-staleness", type=int, default=0, help="K (default 0)")
     parser.add_argument("--tis-cap", type=float, help="token-level TIS cap (default: none)")
     args = parser.parse_args()
@@ -106,37 +105,39 @@ def main() -> None:
         **CHECKPOINT_DEFAULTS
     )
     evaluation = {"temperature": config.rollout.temperature, "prompts": 100, "k": 1}
-    load_before = os.getloadavg()
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as folder:
         runs = [one_seed(seed, evaluation, Path(folder), extra) for seed in seeds]
     steps = [point["step"] for point in runs[0]["curve"]]
-    table = []
-    print(f"{'step':>5} {'seconds':>8} {'pass@1 (95% CI)':>20} {'gain over step 0 (95% CI)':>26}")
+    points = []
     for index, step in enumerate(steps):
         values = [run["curve"][index]["pass@1"] for run in runs]
         gains = [run["curve"][index]["pass@1"] - run["curve"][0]["pass@1"] for run in runs]
         seconds = statistics.fmean(run["curve"][index]["seconds"] for run in runs)
         (mean, half), (gain, gain_half) = interval(values), interval(gains)
-        table.append({"step": step, "seconds": seconds, "pass@1": mean, "pass@1_ci": half,
-                      "gain": gain, "gain_ci": gain_half})  # fmt: skip
-        print(f"{step:5d} {seconds:8.0f} {mean:11.3f} ± {half:.3f} {gain:17.3f} ± {gain_half:.3f}")
+        points.append({"step": step, "seconds": seconds, "pass@1": mean, "pass@1_ci": half,
+                       "gain": gain, "gain_ci": gain_half})  # fmt: skip
+    print(table(["step", "seconds", "pass@1 (95% CI)", "gain over step 0 (95% CI)"], [
+        [point["step"], f"{point['seconds']:.0f}",
+         f"{point['pass@1']:.3f} ± {point['pass@1_ci']:.3f}",
+         f"{point['gain']:.3f} ± {point['gain_ci']:.3f}"]
+        for point in points
+    ]))  # fmt: skip
     results = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine(
+            "platform",
+            "cpus",
+            load_average_before=load_before,
+            load_average_after=load_average(),
+        ),
         "command": " ".join(["dew train", *COMMAND, "--objective grpo", *EVALUATION, *extra]),
         "defaults": CHECKPOINT_DEFAULTS,
         "evaluation": evaluation,
         "seeds": seeds,
-        "table": table,
+        "table": points,
         "runs": runs,
     }
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.results}")
+    print(f"wrote {write_record(args.results, results)}")
 
 
 if __name__ == "__main__":

@@ -28,15 +28,13 @@ Prints a table every ten calls and writes `benchmarks/results/soak.json`.
 import argparse
 import dataclasses
 import gc
-import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from harness import RESULTS, load_average, machine, write_record
 
 from dew.models.llama import build
 from dew.models.registry import SIZES
@@ -45,7 +43,6 @@ from dew.sampling import sample
 from dew.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "soak.json"
 
 
 def resident_mib() -> float:
@@ -113,7 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=50, help="runs and samplers (each)")
     args = parser.parse_args()
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), load_average()
     print(f"{'after':<44} {'mappings':>8} {'RSS MiB':>9} {'seconds':>8}")
     before = reading("start", started)
     print_row(before)
@@ -121,18 +118,15 @@ def main() -> None:
         runs = one_step_runs(args.count, Path(folder), started)
     built = samplers(args.count, started)
     record = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_average_at_start": os.getloadavg(),
-            "max_map_count": map_limit(),
-        },
+        "machine": machine(
+            "cpus", "platform", load_average_at_start=load_at_start, max_map_count=map_limit()
+        ),
         "start": before,
         "runs": runs,
         "samplers": built,
     }
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    written = write_record(RESULTS / "soak.json", record)
+    print(f"wrote {written.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import datetime
 import itertools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -35,8 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import RESULTS, load_average, machine, read_record, table, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "train.json"
 LEVELS = ("0.5", "0.9", "0.95")
 CACHES = ("cold", "warm")
 FILL_STEPS = 3
@@ -140,17 +140,13 @@ def commit(repo: Path) -> str:
 
 def measure(repos: dict[str, Path], seeds: list[int], caches: list[str], steps) -> dict:
     """Every label's record: its runs, alternating labels seed by seed, commit and machine."""
-    load = os.getloadavg()
+    load = load_average()
     records = {
         label: {
             "repo": str(repo),
             "commit": commit(repo),
             "recorded": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": {
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "load_average": [round(x, 2) for x in load],
-            },
+            "machine": machine("platform", "cpus", load_average=load),
             "runs": [],
         }
         for label, repo in repos.items()
@@ -220,17 +216,15 @@ def groups(labels: dict) -> dict[tuple[str, str], list[dict]]:
     return found
 
 
-def table(labels: dict) -> str:
+def labels_table(labels: dict) -> str:
     """A fixed-width table: one row per label and cache setting, medians (min-max) over seeds."""
-    cells = [["label", "cache", "seeds", *(name for name, *_ in COLUMNS)]]
-    for (label, cache), runs in groups(labels).items():
-        row = [label, cache, str(len(runs))]
-        row += [spread([get(r) for r in runs], form, scale) for _, get, form, scale in COLUMNS]
-        cells.append(row)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    header = ["label", "cache", "seeds", *(name for name, *_ in COLUMNS)]
+    rows = [
+        [label, cache, len(runs),
+         *(spread([get(r) for r in runs], form, scale) for _, get, form, scale in COLUMNS)]
+        for (label, cache), runs in groups(labels).items()
+    ]  # fmt: skip
+    return table(header, rows)
 
 
 def ratios(labels: dict) -> list[str]:
@@ -274,7 +268,9 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     parser.add_argument("--cache", default="cold,warm", help="compile cache: cold, warm or both")
     parser.add_argument("--steps", type=int, default=None, help="steps (default: the job's)")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the JSON file to update")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS / "train.json", help="the JSON file to update"
+    )
     args = parser.parse_args()
     repos = repos_of(args)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -283,13 +279,11 @@ def main() -> None:
         raise SystemExit(f"--seeds takes integers, --cache cold and/or warm; got {args}")
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
-    kept = json.loads(args.results.read_text()) if args.results.is_file() else {}
+    kept = read_record(args.results)
     labels = {**kept.get("labels", {}), **measure(repos, seeds, caches, args.steps)}
-    print(table(labels))
+    print(labels_table(labels))
     print("\n".join(ratios(labels)))
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"labels": labels}, indent=2) + "\n")
-    print(f"wrote {args.results}")
+    print(f"wrote {write_record(args.results, {'labels': labels})}")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ transformers stay out of Dew's dependencies):
         [--steps N] [--seeds 0,1] [--rounds 3] [--trl-threads 1,2] [--dew-cache off,warm]
 
 This script imports only the standard library. Each run is a fresh child process: Dew's under
-`uv run` (this file again, `--child dew-train`), TRL's under `--trl-python` (`--child trl-train`);
-the runs alternate Dew, TRL, Dew, TRL... within each round so that both meet the same machine load.
-Before the timed runs, a Dew child reads Dew's defaults from `TrainConfig` and the objective,
-exports each seed's initial weights with `dew.hf.save_policy`, draws the prompts, and checks the
-token-id reward below against Dew's own scoring; a TRL child then checks that its model's logits
+`uv run` (this file again, `--child dew-train`: `trl_grpo_dew.py`), TRL's under `--trl-python`
+(`--child trl-train`: `trl_grpo_trl.py`); the runs alternate Dew, TRL, Dew, TRL... within each
+round so that both meet the same machine load. Before the timed runs, a Dew child reads Dew's
+defaults from `TrainConfig` and the objective, exports each seed's initial weights with
+`dew.hf.save_policy`, draws the prompts, and checks the token-id reward (`credit` of
+`trl_grpo_trl.py`) against Dew's own scoring; a TRL child then checks that its model's logits
 agree with Dew's to 1e-5 and that its tokenizer encodes every prompt to Dew's ids. Then one batch
 goes through both trainers' own code: Dew samples and scores a rollout from weights moved off the
 reference and runs its compiled update on it; TRL's `GRPOTrainer` takes the same rows, rewards
@@ -54,9 +55,6 @@ program, `warm` runs after a short run that filled it, as every `dew train` afte
 
 import argparse
 import itertools
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -64,51 +62,19 @@ import time
 from pathlib import Path
 
 from children import call, ints, run_child
+from harness import RESULTS, machine, table, write_record
+from trl_grpo_dew import dew_prepare, dew_train
+from trl_grpo_trl import trl_check, trl_train
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
-RESULTS = ROOT / "benchmarks" / "results" / "trl_grpo.json"
 LEVELS = (0.5, 0.9)
 FINAL_STEPS = 10
-REWARD_CHECKS = 512
-LOGIT_TOLERANCE = 1e-5
-CHECK_NOISE = 0.05
-"""The one-batch check's policy: the initial weights plus this times standard normal noise."""
-GRADIENT_TOLERANCE = 1e-5
-"""The one-batch check's loss and gradient gaps to Dew's, relative to Dew's (norms)."""
-UPDATE_TOLERANCE = 1e-3
-"""The one-batch check's gap between the weights' moves in the update, relative to Dew's move.
-
-AdamW's first step divides each gradient entry by its own size, so float32 round-off in an
-entry near 0 moves that weight by up to the learning rate either way: looser than the gradient's.
-"""
-
-
-def credit(completion_ids: list[int], answer_ids: list[int], eos: int) -> float:
-    """The matching positions of a completion cut after its first `eos`, over the longer length.
-
-    Dew's `position_credit` on token ids; `answer_ids` ends with `eos`.
-
-    Examples:
-      >>> credit([9, 8, 2], [9, 8, 2], eos=2), credit([9, 2], [9, 8, 2], eos=2)
-      (1.0, 0.3333333333333333)
-      >>> credit([9, 8, 7, 6], [9, 8, 2], eos=2)
-      0.5
-    """
-    if eos in completion_ids:
-        completion_ids = completion_ids[: completion_ids.index(eos) + 1]
-    hits = sum(c == a for c, a in zip(completion_ids, answer_ids, strict=False))
-    return hits / max(len(completion_ids), len(answer_ids))
-
-
-def answer_ids(answer: str, symbols: str, eos: int) -> list[int]:
-    """The answer's token ids on the digit vocabulary, then `eos`.
-
-    Examples:
-      >>> answer_ids("21", "_^$>+0123456789", eos=2)
-      [7, 6, 2]
-    """
-    return [symbols.index(c) for c in answer] + [eos]
+CHILDREN = {
+    "dew-prepare": dew_prepare,
+    "dew-train": dew_train,
+    "trl-check": trl_check,
+    "trl-train": trl_train,
+}
 
 
 def _reached(rows: list[dict], level: float) -> dict | None:
@@ -139,457 +105,6 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
-# --- Dew's side: run under `uv run`, imports Dew inside the functions ---------------------------
-
-
-def dew_prepare(spec: dict) -> dict:
-    """Dew's defaults, each seed's exported weights, probe logits and prompts, the reward check."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    from dew.hf import save_policy
-    from dew.models.registry import resolve_model
-    from dew.objective import load_objective
-    from dew.rollout import Prompter
-    from dew.tasks import get_task
-    from dew.train import TrainConfig
-    from dew.train.update import optimizer
-
-    config = TrainConfig()
-    objective = load_objective(config.objective, config.objective_options)
-    task = get_task(config.task, **config.task_options)
-    if type(objective).__name__ != "GRPO" or objective.tis_cap is not None:
-        raise SystemExit(f"the default objective is {objective!r}: this benchmark matches GRPO")
-    if config.update.micro_batches != 1:
-        raise SystemExit("the default update splits micro-batches: this benchmark assumes one")
-    source = resolve_model(config.model)
-    tokenizer = source.tokenizer()
-    prompting = config.prompting
-    prompter = Prompter(
-        task,
-        tokenizer,
-        max_prompt_tokens=prompting.max_prompt_tokens,
-        max_new_tokens=prompting.max_new_tokens,
-    )
-    steps = spec["steps"] or config.run.steps
-    tx = optimizer(config.optimizer)
-    zero = {"w": jnp.zeros(())}
-    _, adam = tx.update({"w": jnp.ones(())}, tx.init(zero), zero)
-    b1 = 1.0 - float(optax.tree_utils.tree_get(adam, "mu")["w"])
-    b2 = 1.0 - float(optax.tree_utils.tree_get(adam, "nu")["w"])
-    settings = {
-        "objective": config.objective,
-        "task": task.name,
-        "model": config.model,
-        "steps": steps,
-        "prompts": config.rollout.prompts,
-        "group": config.rollout.group,
-        "temperature": config.rollout.temperature,
-        "top_p": config.rollout.top_p,
-        "updates_per_rollout": config.update.updates_per_rollout,
-        "lr": config.optimizer.lr,
-        "b1": round(b1, 6),
-        "b2": round(b2, 6),
-        "weight_decay": config.optimizer.weight_decay,
-        "max_grad_norm": config.optimizer.max_grad_norm,
-        "warmup": config.optimizer.warmup,
-        "epsilon_low": objective.epsilon_low,
-        "epsilon_high": objective.epsilon_high,
-        "dual_clip": objective.dual_clip,
-        "beta": objective.beta,
-        "max_new_tokens": prompter.max_new_tokens,
-        "jax": jax.__version__,
-        "symbols": tokenizer.symbols,
-        "eos": tokenizer.eos_token_id,
-        "pad": tokenizer.pad_token_id,
-    }
-    folder = Path(spec["folder"])
-    rng = np.random.default_rng(0)
-    probe = rng.integers(
-        0, tokenizer.vocab_size, size=(4, prompter.width + prompter.max_new_tokens)
-    )
-    seeds = {}
-    for seed in spec["seeds"]:
-        policy = source.policy(seed)
-        save_policy(policy, folder / f"seed{seed}" / "model")
-        # the trainer's prompt stream: step s draws from default_rng([seed, s])
-        draws = (
-            prompter.draw(np.random.default_rng([seed, s]), config.rollout.prompts)
-            for s in range(1, steps + 1)
-        )
-        examples = [example for drawn in draws for example in drawn.examples]
-        (folder / f"seed{seed}" / "examples.json").write_text(json.dumps(examples))
-        logits = np.asarray(jax.device_get(policy(jnp.asarray(probe))), np.float64)
-        seeds[seed] = {"logits": logits.tolist()}
-    settings["probe"] = probe.tolist()
-    settings["reward_check"] = _check_reward(prompter, settings, rng)
-    settings["batch_check"] = _one_batch(source, config, objective, prompter, spec, folder)
-    settings["seeds"] = seeds
-    return settings
-
-
-def _one_batch(source, config, objective, prompter, spec: dict, folder: Path) -> dict:
-    """Dew's side of the one-batch check: a rollout, its first gradient, its update, written.
-
-    The policy is the first seed's initial weights moved by `CHECK_NOISE` (so it differs from
-    the reference, and after the first optimizer step from the rollout's policy too). Writes,
-    under `folder/check`, that policy, the gradient of the objective's loss on its first step,
-    and the weights after `dew train`'s compiled update (all its optimizer steps, fresh AdamW),
-    each as a Hugging Face folder, with the batch's arrays in `batch.npz`.
-    """
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from flax import nnx
-
-    from dew.hf import save_policy
-    from dew.models.outputs import log_probs, policy_outputs
-    from dew.rollout import rollout
-    from dew.train.update import UpdateSpec, make_update, optimizer
-
-    seed = spec["seeds"][0]
-    reference = source.policy(seed)
-    graphdef, state = nnx.split(reference)
-    reference_params = nnx.to_pure_dict(state)
-    noise = np.random.default_rng(seed)
-    params = jax.tree.map(
-        lambda w: w + CHECK_NOISE * jnp.asarray(noise.normal(size=w.shape), w.dtype),
-        reference_params,
-    )
-
-    prompts = prompter.draw(np.random.default_rng([seed, 1]), config.rollout.prompts)
-    batch = rollout(
-        graphdef, params, prompter, prompts, config.rollout.group, jax.random.key(seed)
-    ).batch
-    mask = batch.completion_mask
-    prepared = objective.prepare(
-        batch.replace(
-            old_log_probs=log_probs(nnx.merge(graphdef, params), batch.tokens, mask),
-            ref_log_probs=log_probs(reference, batch.tokens, mask),
-        )
-    )
-
-    def loss(params):
-        outputs = policy_outputs(nnx.merge(graphdef, params), batch.tokens, mask)
-        return objective.loss(outputs, prepared)[0]
-
-    value, grads = jax.value_and_grad(loss)(params)
-    update = make_update(UpdateSpec(graphdef, objective, config.optimizer, config.update))
-    fresh = jax.tree.map(jnp.copy, params)  # the update donates its inputs
-    after, _, _ = update(
-        fresh, optimizer(config.optimizer).init(fresh), {}, reference_params, batch
-    )
-    check = folder / "check"
-    for name, tree in (("policy", params), ("grad", grads), ("after", after)):
-        save_policy(nnx.merge(graphdef, tree), check / name)
-    arrays = {"tokens": batch.tokens, "completion_mask": mask, "rewards": batch.rewards}
-    arrays |= {"advantages": prepared.advantages, "old_log_probs": prepared.old_log_probs}
-    np.savez(check / "batch.npz", **{k: np.asarray(v) for k, v in arrays.items()})
-    return {"seed": seed, "prompt_width": prompter.width, "loss": float(value)}
-
-
-def _check_reward(prompter, settings: dict, rng) -> dict:
-    """The largest gap between Dew's scoring and `credit` over random and right completions."""
-    import numpy as np
-
-    examples = prompter.task.examples(rng, REWARD_CHECKS)
-    symbols, eos = settings["symbols"], settings["eos"]
-    completions = []
-    for example in examples:
-        right = answer_ids(example["answer"], symbols, eos)
-        length = int(rng.integers(1, settings["max_new_tokens"] + 1))
-        noise = rng.integers(0, len(symbols), size=length).tolist()
-        # mix right answers, near misses and noise, so every credit level occurs
-        picked = [right, right[:length], [*right[:-1], *noise][:length], noise][
-            int(rng.integers(4))
-        ]
-        completions.append(picked or noise)
-    rewards, _ = prompter.score(examples, completions)
-    ours = [
-        credit(ids, answer_ids(example["answer"], symbols, eos), eos)
-        for ids, example in zip(completions, examples, strict=True)
-    ]
-    gap = float(np.max(np.abs(np.asarray(rewards, np.float64) - np.asarray(ours))))
-    if gap > 1e-6:
-        raise SystemExit(f"the token-id reward differs from Dew's by {gap}")
-    return {"completions": REWARD_CHECKS, "max_abs_diff": gap, "distinct": len(set(ours))}
-
-
-def dew_train(spec: dict) -> dict:
-    """One default `dew train` run of `spec["steps"]` steps; its rows and figures."""
-    import jax
-
-    from dew.compile_cache import use_compile_cache
-    from dew.train import TrainConfig, train
-
-    started = time.perf_counter()
-    use_compile_cache(spec["cache"] != "off")
-    rows = []
-
-    def on_step(step: int, row: dict) -> None:
-        rows.append({"step": step, "reward": row["reward"], "t": time.perf_counter() - started})
-
-    with tempfile.TemporaryDirectory() as out:
-        config = TrainConfig().replace(out=f"{out}/run", seed=spec["seed"], steps=spec["steps"])
-        train(config, quiet=True, on_step=on_step)
-    return {"rows": rows, "devices": [str(d) for d in jax.devices()]}
-
-
-# --- TRL's side: run under --trl-python, imports torch inside the functions ---------------------
-
-
-def digit_tokenizer(settings: dict):
-    """A `PreTrainedTokenizerFast` with one token per character of Dew's digit vocabulary."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    symbols = settings["symbols"]
-    vocab = {symbol: i for i, symbol in enumerate(symbols)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token=symbols[settings["pad"]]))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token=symbols[settings["pad"]],
-        eos_token=symbols[settings["eos"]],
-    )
-
-
-def trl_check(spec: dict) -> dict:
-    """The largest logit gap of transformers' model to Dew's, and a check of the prompt ids."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    settings = spec["settings"]
-    tokenizer = digit_tokenizer(settings)
-    gaps = {}
-    for seed, expected in settings["seeds"].items():
-        folder = Path(spec["folder"]) / f"seed{seed}"
-        model = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
-        with torch.no_grad():
-            logits = model(torch.tensor(settings["probe"])).logits.double()
-        gap = float((logits - torch.tensor(expected["logits"])).abs().max())
-        if gap > LOGIT_TOLERANCE:
-            raise SystemExit(f"seed {seed}: transformers' logits differ from Dew's by {gap}")
-        gaps[seed] = gap
-        for example in json.loads((folder / "examples.json").read_text()):
-            ids = tokenizer(example["prompt"], add_special_tokens=False)["input_ids"]
-            if ids != [settings["symbols"].index(c) for c in example["prompt"]]:
-                raise SystemExit(f"the tokenizer encodes {example['prompt']!r} as {ids}")
-    import transformers
-    import trl
-
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    return {
-        "max_logit_diff": gaps,
-        "one_batch": _trl_one_batch(spec),
-        "versions": {**versions, "trl": trl.__version__},
-    }
-
-
-def _weights(folder: Path) -> dict:
-    """The tensors of the Hugging Face folder `folder`, by name."""
-    from safetensors.torch import load_file
-
-    return load_file(folder / "model.safetensors")
-
-
-def _relative_gap(tensors: dict, expected: dict) -> float:
-    """The norm of `tensors - expected` over the norm of `expected`, over all their tensors."""
-    gap = sum(float((tensors[name] - value).square().sum()) for name, value in expected.items())
-    scale = sum(float(value.square().sum()) for value in expected.values())
-    return (gap / scale) ** 0.5
-
-
-def _trl_one_batch(spec: dict) -> dict:
-    """TRL's side of the one-batch check: its loss, gradient and update on Dew's batch.
-
-    `GRPOTrainer`'s own log-probs (`_get_per_token_logps_and_entropies`), loss
-    (`_compute_loss`) and AdamW (`create_optimizer`) on Dew's rows, rewards and advantages,
-    each step's gradient clipped as `Trainer` clips it. Exits naming the figure past its
-    tolerance: the completion masks (TRL's rule, up to the first EOS), the first step's loss and
-    gradient, and the weights after as many optimizer steps as Dew's update takes.
-    """
-    import numpy as np
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM
-    from trl import GRPOTrainer
-
-    settings = spec["settings"]
-    batch_check = settings["batch_check"]
-    check = Path(spec["folder"]) / "check"
-    arrays = np.load(check / "batch.npz")
-    width = batch_check["prompt_width"]
-    prompt = torch.tensor(arrays["tokens"][:, :width], dtype=torch.long)
-    completion = torch.tensor(arrays["tokens"][:, width:], dtype=torch.long)
-    mask = torch.tensor(arrays["completion_mask"][:, width:], dtype=torch.long)
-    eos = (completion == settings["eos"]).long()
-    if not torch.equal((eos.cumsum(1) - eos == 0).long(), mask):
-        raise SystemExit("one batch: Dew's completion mask is not TRL's (up to the first EOS)")
-    with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(
-            model=str(check / "policy"),
-            reward_funcs=lambda completions, **_: [0.0] * len(completions),
-            args=_trl_config(settings, out, settings["updates_per_rollout"], 0),
-            train_dataset=Dataset.from_list([{"prompt": "^"}] * settings["group"]),
-            processing_class=digit_tokenizer(settings),
-        )
-    model = trainer.model
-    initial = Path(spec["folder"]) / f"seed{batch_check['seed']}" / "model"
-    weights = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32).state_dict()
-    trainer.ref_model.load_state_dict(weights)
-    trainer.current_gradient_accumulation_steps = 1  # set by `Trainer.train`, not called here
-    ids = torch.cat([prompt, completion], dim=1)
-    attention = torch.cat([torch.ones_like(prompt), mask], dim=1)
-    with torch.no_grad():
-        old, ref = (
-            trainer._get_per_token_logps_and_entropies(m, ids, attention, completion.size(1))[0]
-            for m in (model, trainer.ref_model)
-        )
-    dew_old = torch.tensor(arrays["old_log_probs"][:, width:])
-    inputs = {
-        "prompt_ids": prompt,
-        "prompt_mask": torch.ones_like(prompt),
-        "completion_ids": completion,
-        "completion_mask": mask,
-        "advantages": torch.tensor(arrays["advantages"]),
-        "old_per_token_logps": old,
-        "ref_per_token_logps": ref,
-    }
-    trainer.create_optimizer()
-    parameters = dict(model.named_parameters())
-    for step in range(settings["updates_per_rollout"]):
-        loss = trainer._compute_loss(model, inputs)
-        loss.backward()
-        if step == 0:
-            first_loss = loss.item()
-            grads = {name: p.grad for name, p in parameters.items()}
-            gradient_gap = _relative_gap(grads, _weights(check / "grad"))
-        torch.nn.utils.clip_grad_norm_(model.parameters(), settings["max_grad_norm"])
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad()
-    start, after = _weights(check / "policy"), _weights(check / "after")
-    moves = {name: p.detach() - start[name] for name, p in parameters.items()}
-    figures = {
-        "old_log_prob_gap": float((old - dew_old)[mask.bool()].abs().max()),
-        "loss": {"trl": first_loss, "dew": batch_check["loss"]},
-        "gradient_gap": gradient_gap,
-        "update_gap": _relative_gap(moves, {k: v - start[k] for k, v in after.items()}),
-    }
-    if abs(first_loss - batch_check["loss"]) > GRADIENT_TOLERANCE * abs(batch_check["loss"]):
-        raise SystemExit(f"one batch: TRL's loss differs from Dew's: {figures}")
-    if figures["gradient_gap"] > GRADIENT_TOLERANCE or figures["update_gap"] > UPDATE_TOLERANCE:
-        raise SystemExit(f"one batch: TRL's gradient or update differs from Dew's: {figures}")
-    return figures
-
-
-def _trl_config(settings: dict, out: str, optimizer_steps: int, seed: int):
-    """TRL's `GRPOConfig` matched to Dew's default run (the module docstring lists what is)."""
-    import torch
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        output_dir=out,
-        max_steps=optimizer_steps,
-        per_device_train_batch_size=settings["prompts"] * settings["group"],
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_generations=settings["group"],
-        num_iterations=settings["updates_per_rollout"],
-        shuffle_dataset=False,
-        max_completion_length=settings["max_new_tokens"],
-        temperature=settings["temperature"],
-        top_p=settings["top_p"],
-        top_k=0,
-        epsilon=settings["epsilon_low"],
-        epsilon_high=settings["epsilon_high"],
-        delta=settings["dual_clip"],
-        beta=settings["beta"],
-        use_bias_correction_kl=False,
-        loss_type="bnpo",
-        scale_rewards="group",
-        learning_rate=settings["lr"],
-        adam_beta1=settings["b1"],
-        adam_beta2=settings["b2"],
-        adam_epsilon=1e-8,
-        weight_decay=settings["weight_decay"],
-        max_grad_norm=settings["max_grad_norm"],
-        lr_scheduler_type="constant_with_warmup" if settings["warmup"] else "constant",
-        warmup_steps=settings["warmup"],
-        gradient_checkpointing=False,
-        bf16=False,
-        fp16=False,
-        use_cpu=True,
-        seed=seed,
-        model_init_kwargs={"dtype": torch.float32},
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-
-
-def trl_train(spec: dict) -> dict:
-    """One `GRPOTrainer` run matched to Dew's default run; its rows and figures."""
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOTrainer
-
-    started = time.perf_counter()
-    torch.set_num_threads(spec["threads"])
-    settings, seed = spec["settings"], spec["seed"]
-    folder = Path(spec["folder"]) / f"seed{seed}"
-    examples = json.loads((folder / "examples.json").read_text())
-    symbols, eos = settings["symbols"], settings["eos"]
-    iterations = settings["updates_per_rollout"]
-    rewards: list[float] = []
-    rows: list[dict] = []
-
-    def answer_credit(completion_ids, answer, **_) -> list[float]:
-        scores = [
-            credit(list(ids), answer_ids(right, symbols, eos), eos)
-            for ids, right in zip(completion_ids, answer, strict=True)
-        ]
-        rewards.append(sum(scores) / len(scores))
-        return scores
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step % iterations == 0:
-                step = state.global_step // iterations
-                row = {"step": step, "reward": rewards[step - 1]}
-                rows.append({**row, "t": time.perf_counter() - started})
-
-    with tempfile.TemporaryDirectory() as out:
-        args = _trl_config(settings, out, spec["steps"] * iterations, seed)
-        trainer = GRPOTrainer(
-            model=str(folder / "model"),
-            reward_funcs=answer_credit,
-            args=args,
-            train_dataset=Dataset.from_list(examples),
-            processing_class=digit_tokenizer(settings),
-            callbacks=[Clock()],
-        )
-        trainer.train()
-    return {"rows": rows, "threads": torch.get_num_threads()}
-
-
-CHILDREN = {
-    "dew-prepare": dew_prepare,
-    "dew-train": dew_train,
-    "trl-check": trl_check,
-    "trl-train": trl_train,
-}
-
-
-# --- the parent: stdlib only ---------------------------------------------------------------------
-
-
 def _modes(text: str) -> list[str]:
     modes = [v.strip() for v in text.split(",") if v.strip()]
     if not modes or set(modes) - {"off", "warm"}:
@@ -605,7 +120,7 @@ def _seconds(hit: dict | None) -> float | None:
     return None if hit is None else hit["seconds"]
 
 
-def table(runs: list[dict]) -> str:
+def runs_table(runs: list[dict]) -> str:
     """Every run as a fixed-width text table."""
     header = [
         "run",
@@ -618,7 +133,7 @@ def table(runs: list[dict]) -> str:
         "final",
         "peak MiB",
     ]
-    cells = [header] + [
+    rows = [
         [
             run["name"],
             str(run["seed"]),
@@ -632,14 +147,7 @@ def table(runs: list[dict]) -> str:
         ]
         for run in runs
     ]
-    return _lines(cells)
-
-
-def _lines(cells: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return table(header, rows)
 
 
 FIGURES = {
@@ -685,7 +193,7 @@ def ratios(runs: list[dict]) -> str:
     names = list(dict.fromkeys(run["name"] for run in runs))
     dews = [n for n in names if n.startswith("dew")]
     trls = [n for n in names if n.startswith("trl")]
-    cells = [["Dew / TRL", *FIGURES]]
+    rows = []
     for dew in dews:
         for trl in trls:
             row = [f"{dew} / {trl}"]
@@ -697,9 +205,9 @@ def ratios(runs: list[dict]) -> str:
                     continue
                 a, b = _median(dew_runs, figure), _median(trl_runs, figure)
                 row.append("-" if a is None or b is None or not b else f"{a / b:.2f}")
-            cells.append(row)
+            rows.append(row)
     note = "t(0.9): each side's median over the seeds that reached 0.9 (how many: Dew's, TRL's)"
-    return _lines(cells) + "\n" + note
+    return table(["Dew / TRL", *FIGURES], rows) + "\n" + note
 
 
 def main() -> None:
@@ -710,7 +218,9 @@ def main() -> None:
     parser.add_argument("--trl-threads", default="1,2", help="torch thread counts (default 1,2)")
     parser.add_argument("--dew-cache", default="off,warm", help="Dew compile cache: off, warm")
     parser.add_argument("--trl-python", required=True, help="a Python with trl and torch")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS / "trl_grpo.json", help="where to write the JSON"
+    )
     args = parser.parse_args()
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
@@ -765,18 +275,12 @@ def main() -> None:
                     run.update(summarise(result["rows"]), peak_rss_mib=result["peak_rss_mib"])
                     runs.append(run)
                     print(f"{name} seed {seed}: {time.perf_counter() - began:.1f} s", flush=True)
-    print(table(runs))
+    print(runs_table(runs))
     print(ratios(runs))
-    machine = {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-    }
+    ran_on = machine("platform", "cpus", "load_average")
     settings = {k: v for k, v in settings.items() if k not in ("seeds", "probe")}
-    record = {"machine": machine, "settings": settings, "checks": checked, "runs": runs}
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.results}")
+    record = {"machine": ran_on, "settings": settings, "checks": checked, "runs": runs}
+    print(f"wrote {write_record(args.results, record)}")
 
 
 if __name__ == "__main__":

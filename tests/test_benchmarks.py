@@ -29,7 +29,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_math.py"
 
 
 def _load(path: Path):
-    # Its sibling modules (`children`) import as they do when the script runs from its folder.
+    # Its sibling modules (`harness`) import as they do when the script runs from its folder.
     if str(path.parent) not in sys.path:
         sys.path.append(str(path.parent))
     # A name no other module has: doctest looks a function's module up by its name.
@@ -78,16 +78,24 @@ def test_the_recorded_results_cover_every_function_at_every_size_and_dtype():
     assert {(row["B"], row["T"]) for row in results["gae_forms"]} == sizes
 
 
+@pytest.mark.parametrize(
+    "name", ["harness", "children", "trl_grpo", "trl_smollm2", "trl_smollm2_reward"]
+)
+def test_the_benchmarks_examples_hold(name):
+    checked = doctest.testmod(_load(SCRIPT.parent / f"{name}.py"))
+    assert checked.attempted and not checked.failed
+
+
 def test_the_trl_comparison_scores_token_ids_as_dew_does():
-    trl_grpo = _load(SCRIPT.parent / "trl_grpo.py")
-    checked = doctest.testmod(trl_grpo)
+    trl_side = _load(SCRIPT.parent / "trl_grpo_trl.py")
+    checked = doctest.testmod(trl_side)
     assert checked.attempted and not checked.failed
     rng = np.random.default_rng(0)
     for _ in range(300):
         answer = [*rng.integers(5, 15, size=3).tolist(), 2]
         completion = rng.integers(0, 15, size=int(rng.integers(1, 5))).tolist()
         completion = completion if rng.random() < 0.7 else answer[: len(completion)]
-        assert trl_grpo.credit(completion, answer, 2) == position_credit(answer, completion, 2)
+        assert trl_side.credit(completion, answer, 2) == position_credit(answer, completion, 2)
 
 
 def test_the_training_benchmark_reads_its_figures_off_the_metrics_rows():

@@ -1,7 +1,8 @@
 """mkdocs hook: the `dew train` flag table is rendered from the command's own parser.
 
-A page writes `<!-- flags: train -->`; the hook replaces it with one row per flag of
-`dew.cli._train_parser` (its default and help), so the table cannot drift from the command.
+A page writes `<!-- flags: train -->`; the hook replaces it with one table per group of
+`dew.commands.train.train_parser` (model, data and rewards, ..., reporting, as `dew train --help`
+shows them), one row per flag (its default and help), so the tables cannot drift from the command.
 """
 
 import argparse
@@ -10,27 +11,35 @@ import re
 MARKER = re.compile(r"<!-- flags: train -->")
 
 
+def flag_row(action: argparse.Action) -> str:
+    """The table row of one flag: the flag (and its `--no-` form) with its metavar, and its help."""
+    flags = [flag for flag in action.option_strings if flag.startswith("--")]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        flags = flags[:1] + [f for f in flags[1:] if f.startswith("--no-")]
+    shown = ", ".join(f"`{flag}`" for flag in flags)
+    if action.metavar:
+        shown = shown.replace("`,", f" {action.metavar}`,").rstrip("`") + f" {action.metavar}`"
+    text = (action.help or "").replace("|", "&#124;")
+    return f"| {shown} | {text} |"
+
+
 def flag_table() -> str:
-    """The markdown table of `dew train`'s flags, flag and what it does, in a div.narrow-stack."""
-    from dew.cli import _train_parser
+    """The markdown tables of `dew train`'s flags, a titled div.narrow-stack per group."""
+    from dew.commands.train import train_parser
     from dew.train import TrainConfig
 
-    parser = _train_parser(None, TrainConfig())
-    lines = ["| flag | what |", "| --- | --- |"]
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction):
+    parser = train_parser(None, TrainConfig())
+    tables = []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+        if not actions:
             continue
-        flags = [flag for flag in action.option_strings if flag.startswith("--")]
-        if isinstance(action, argparse.BooleanOptionalAction):
-            flags = flags[:1] + [f for f in flags[1:] if f.startswith("--no-")]
-        shown = ", ".join(f"`{flag}`" for flag in flags)
-        if action.metavar:
-            shown = shown.replace("`,", f" {action.metavar}`,").rstrip("`") + f" {action.metavar}`"
-        text = (action.help or "").replace("|", "&#124;")
-        lines.append(f"| {shown} | {text} |")
-    table = "\n".join(lines)
-    # Stacked on a phone (docs/assets/math.css): a flag above what it does.
-    return '<div class="narrow-stack" markdown>\n\n' + table + "\n\n</div>"
+        rows = "\n".join(["| flag | what |", "| --- | --- |", *map(flag_row, actions)])
+        # Stacked on a phone (docs/assets/math.css): a flag above what it does.
+        tables.append(
+            f'**{group.title}**\n\n<div class="narrow-stack" markdown>\n\n{rows}\n\n</div>'
+        )
+    return "\n\n".join(tables)
 
 
 def on_page_markdown(markdown: str, **_) -> str:

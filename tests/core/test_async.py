@@ -198,7 +198,7 @@ def test_a_sampler_on_devices_of_its_own_samples_what_the_shared_one_does(tmp_pa
 
 
 def test_episodes_go_through_the_sampler_thread_too(tmp_path):
-    from dew.cli import _parse_train
+    from dew.commands.train import _parse_train
 
     argv = [
         *("--objective", "grpo", "--model", "tiny", "--task", "guess", "--max-turns", "3"),

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew import cli, inference
+from dew import cli, inference, sampling
 from dew.hf import load_policy, load_tokenizer
 from dew.sampling import sample
 from dew.tokenizers import end_of_turn_id
@@ -72,13 +72,13 @@ def test_a_reply_has_one_bos_before_it_and_no_special_token_in_it(tmp_path, monk
     policy = load_policy(folder)
     policy.norm.weight.set_value(jnp.zeros_like(policy.norm.weight.get_value()))  # logits all 0
     prompts = []
-    real = inference._chat_prefill
+    real = sampling.prefill_state
 
-    def spy(graphdef, params, tokens, last, slots):
-        prompts.append(np.asarray(tokens[0, : int(last) + 1]).tolist())
-        return real(graphdef, params, tokens, last, slots)
+    def spy(graphdef, params, tokens, lengths, **options):
+        prompts.append(np.asarray(tokens[0, : int(lengths[0])]).tolist())
+        return real(graphdef, params, tokens, lengths, **options)
 
-    monkeypatch.setattr(inference, "_chat_prefill", spy)
+    monkeypatch.setattr(sampling, "prefill_state", spy)
     messages = [{"role": "user", "content": "hi"}]
     pieces = inference.chat_reply(policy, tokenizer, messages, jax.random.key(0), max_new_tokens=3)
     assert "".join(pieces) == ""  # the argmax of equal logits, id 0, is <|endoftext|>: special
@@ -159,7 +159,8 @@ def _scripted(monkeypatch, answers):
         answer = next(script)
         yield from (answer[: len(answer) // 2], answer[len(answer) // 2 :])
 
-    monkeypatch.setattr(inference, "chat_reply", scripted)
+    monkeypatch.setattr(inference, "chat_reply", scripted)  # a chat's answers
+    monkeypatch.setattr(inference.chat, "chat_reply", scripted)  # an agent's turns
     return seen
 
 

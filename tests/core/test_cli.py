@@ -10,6 +10,7 @@ import pytest
 
 from dew import cli
 from dew._traces import TRACES
+from dew.commands import train as train_command
 from dew.objectives.sft import SFT
 from dew.rollout import Sampled
 
@@ -27,10 +28,10 @@ class Knobs(SFT):
 
 @pytest.fixture
 def knobs(monkeypatch):
-    real = cli.objective_class
-    monkeypatch.setattr(cli, "available_objectives", lambda: {"knobs": None, "sft": None})
+    real = train_command.objective_class
+    monkeypatch.setattr(train_command, "available_objectives", lambda: {"knobs": None, "sft": None})
     monkeypatch.setattr(
-        cli, "objective_class", lambda name: Knobs if name == "knobs" else real(name)
+        train_command, "objective_class", lambda name: Knobs if name == "knobs" else real(name)
     )
     return Knobs
 
@@ -78,7 +79,7 @@ def test_objective_flags_are_parsed_with_their_types(knobs):
         "--steps",
         "7",
     ]
-    config, _ = cli._parse_train(argv)
+    config, _ = train_command._parse_train(argv)
     assert config.objective == "knobs" and config.run.steps == 7
     assert config.objective_options == {
         "scale": 0.5,
@@ -87,15 +88,15 @@ def test_objective_flags_are_parsed_with_their_types(knobs):
         "whiten": False,
         "mode": "sum",
     }
-    config, _ = cli._parse_train(["--objective", "knobs"])
+    config, _ = train_command._parse_train(["--objective", "knobs"])
     assert config.objective_options == {} and config.rollout.group == 8 and config.task == "reverse"
 
 
 def test_the_lr_schedule_is_a_flag_of_dew_train(capsys):
     argv = ["--objective", "sft", "--lr-schedule", "cosine", "--warmup", "3", "--steps", "9"]
-    config, _ = cli._parse_train(argv)
+    config, _ = train_command._parse_train(argv)
     assert config.optimizer.lr_schedule == "cosine" and config.optimizer.warmup == 3
-    assert cli._parse_train(["--objective", "sft"])[0].optimizer.lr_schedule == "constant"
+    assert train_command._parse_train(["--objective", "sft"])[0].optimizer.lr_schedule == "constant"
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     assert "--lr-schedule LR_SCHEDULE" in capsys.readouterr().out
@@ -146,9 +147,9 @@ def test_invalid_values_stop_before_compiling(capsys, tmp_path, argv, message):
 
 
 def test_group_below_two_is_refused_for_a_sampling_objective(capsys, tmp_path, monkeypatch):
-    from dew.train import config
+    from dew.train import assembly
 
-    monkeypatch.setattr(config, "load_objective", lambda name, options: _Sampling())
+    monkeypatch.setattr(assembly, "load_objective", lambda name, options: _Sampling())
     assert cli.main(["train", "--objective", "sft", "--group", "1", "--out", str(tmp_path)]) == 2
     assert "--group must be >= 2" in capsys.readouterr().err
 
@@ -225,7 +226,7 @@ def test_starting_a_run_imports_no_plotting_checkpointing_or_templating():
 def test_every_config_option_is_a_flag_with_its_help(capsys):
     from dew.train.config import SECTIONS, TrainConfig
 
-    parser = cli._train_parser(None, TrainConfig())
+    parser = train_command.train_parser(None, TrainConfig())
     flags = {flag for action in parser._actions for flag in action.option_strings}
     for cls in SECTIONS.values():
         for field in dataclasses.fields(cls):

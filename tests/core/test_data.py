@@ -14,7 +14,7 @@ from dew.rollout import Prompter
 from dew.tasks import Dataset, load_examples, to_examples
 from dew.tokenizers import DIGITS
 from dew.train import TrainConfig
-from dew.train.config import resolve_task, with_data
+from dew.train.assembly import resolve_task, with_data
 
 datasets = pytest.importorskip("datasets")
 pandas = pytest.importorskip("pandas")

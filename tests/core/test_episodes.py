@@ -435,7 +435,7 @@ def test_rows_apart_sample_what_rows_together_sample(tokenizer, monkeypatch):
 
 
 def test_a_trainer_trains_on_episodes_of_the_guessing_game(tmp_path, monkeypatch):
-    from dew.cli import _parse_train
+    from dew.commands.train import _parse_train
     from dew.train.trainer import Trainer
 
     config, _ = _parse_train(
@@ -476,7 +476,7 @@ class _Wordy(NumberGuess):
 
 
 def test_an_environment_that_fails_every_episode_stops_the_run_keeping_the_checkpoint(tmp_path):
-    from dew.cli import _parse_train
+    from dew.commands.train import _parse_train
     from dew.train.checkpoint import Checkpoints
     from dew.train.runlog import read_metrics
     from dew.train.trainer import Trainer, TrainingError
@@ -509,9 +509,9 @@ def test_an_environment_that_fails_every_episode_stops_the_run_keeping_the_check
 
 
 def test_the_tool_and_environment_flags_are_read_and_checked():
-    from dew.cli import _parse_train
+    from dew.commands.train import _parse_train
     from dew.options import ConfigError
-    from dew.train.config import make_rollouts
+    from dew.train.assembly import make_rollouts
 
     config, _ = _parse_train(["--tool", "a:b", "--tool", "c:d", "--max-calls-per-turn", "2"])
     assert config.tools == ("a:b", "c:d") and config.episodes.max_calls_per_turn == 2
@@ -524,7 +524,8 @@ def test_a_flag_the_run_would_ignore_is_refused_naming_it():
     from dew.options import ConfigError
     from dew.tasks import get_task
     from dew.tokenizers import DIGITS
-    from dew.train.config import TrainConfig, make_prompter, validate
+    from dew.train.assembly import make_prompter
+    from dew.train.config import TrainConfig, validate
 
     with pytest.raises(ConfigError, match=r"^--max-turns needs --tool or --environment$"):
         validate(TrainConfig().replace(max_turns=3), SFT(), device_count=1)
@@ -596,10 +597,11 @@ def test_an_environments_methods_are_tools_run_by_its_own_instance(policy, token
 
 
 def test_the_environment_tools_flag_reaches_the_episodes():
-    from dew.cli import _parse_train
+    from dew.commands.train import _parse_train
     from dew.objectives.sft import SFT
     from dew.options import ConfigError
-    from dew.train.config import make_rollouts, validate
+    from dew.train.assembly import make_rollouts
+    from dew.train.config import validate
 
     game = ["--environment", "dew.tasks.guess:NumberGuess"]
     config, _ = _parse_train(game)
@@ -614,7 +616,7 @@ def test_the_environment_tools_flag_reaches_the_episodes():
 
 
 def test_an_episode_run_resumed_mid_way_is_the_straight_run_bit_for_bit(tmp_path):
-    from dew.cli import _parse_train
+    from dew.commands.train import _parse_train
     from dew.train.trainer import Trainer
 
     def trainer(out, steps, *resume):

@@ -147,11 +147,11 @@ def test_eval_plays_episodes_with_its_caps_and_prints_turns_and_each_reward(
     tmp_path, capsys, monkeypatch
 ):
     from dew import cli
-    from dew.train import config
+    from dew.train import assembly
 
     made = []
-    make = config.make_rollouts
-    monkeypatch.setattr(config, "make_rollouts", lambda c: made.append(make(c)) or made[-1])
+    make = assembly.make_rollouts
+    monkeypatch.setattr(assembly, "make_rollouts", lambda c: made.append(make(c)) or made[-1])
     out = tmp_path / "eval.jsonl"
     game = ("--task", "guess", "--environment", "dew.tasks.guess:NumberGuess")
     caps = ("--max-turns", "3", "--max-episode-tokens", "12")

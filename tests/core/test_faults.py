@@ -25,6 +25,7 @@ import pytest
 
 from dew import _signals, cli
 from dew._signals import handling_interrupts, interrupted
+from dew.commands import train as train_command
 from dew.train import TrainConfig
 from dew.train._folder import RunLock
 from dew.train.checkpoint import Checkpoints
@@ -356,7 +357,7 @@ def test_a_locked_run_is_one_line_before_the_processes_join(capsys, tmp_path, mo
     run.mkdir()
     record = {**dataclasses.asdict(TrainConfig(objective="sft", model="tiny")), "task": "reverse"}
     (run / "config.json").write_text(json.dumps(record))
-    monkeypatch.setattr(cli, "_join_processes", lambda argv: pytest.fail("joined"))
+    monkeypatch.setattr(train_command, "_join_processes", lambda argv: pytest.fail("joined"))
     lock = RunLock(run)
     lock.acquire()  # as a `dew train` still running there holds it
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dew import cli
+from dew.commands.train import _parse_train
 from dew.models.registry import resolve_model
 from dew.train import _memory
 from dew.train.callbacks import Checkpointing, StepRecord
@@ -60,7 +61,7 @@ def test_close_to_the_limit_is_a_warning_and_the_check_can_be_turned_off(capsys,
 def test_the_tutorials_run_fits_a_16_gib_machine_with_room_to_spare():
     text = (ROOT / "docs/tutorials/your-own-data.md").read_text()
     block = re.search(r"uv run dew train (--model smollm2.*?)\n```", text, re.S)[1]
-    config, _ = cli._parse_train(shlex.split(block.replace("\\\n", " ")))
+    config, _ = _parse_train(shlex.split(block.replace("\\\n", " ")))
     model = _memory.architecture(resolve_model("smollm2"))
     new_tokens = config.prompting.max_new_tokens
     parts = _memory.estimate(model, config, 64, new_tokens)

@@ -294,7 +294,7 @@ def modules_here(tmp_path, monkeypatch):
 
 def test_environment_tool_and_reward_modules_are_found_in_the_current_folder(capsys, modules_here):
     from dew.tools import load_tool
-    from dew.train.config import load_environment
+    from dew.train.assembly import load_environment
 
     assert load_environment("here_game:Game").__name__ == "Game"  # dew train and dew eval
     assert load_tool("here_code:double")(2) == 4

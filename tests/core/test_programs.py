@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dew import programs, sampling
+from dew import compile_cache, programs, sampling
 from dew._traces import TRACES
 from dew.batch import Batch
 from dew.compile_cache import SIGNATURES, KeptProgram, use_compile_cache
@@ -49,6 +49,31 @@ def test_a_dropped_program_gives_its_mappings_back():
     cache.clear()
     gc.collect()
     assert mappings() < one_held - 100  # about 230 on XLA:CPU at this size
+
+
+@linux
+def test_a_kept_program_called_with_ever_new_shapes_holds_its_last_signatures_alone(monkeypatch):
+    monkeypatch.setattr(compile_cache, "SIGNATURES", 2)
+
+    def run(x):
+        for i in range(40):
+            x = jnp.sin(x) @ x.T + i
+        return x
+
+    kept = KeptProgram(run, "chain", None)
+    for width in (8, 9, 10):
+        kept(np.ones((width, width), np.float32)).block_until_ready()
+    gc.collect()
+    full = mappings()
+    for width in (11, 12):  # each drops the oldest: the count stays level
+        kept(np.ones((width, width), np.float32)).block_until_ready()
+    gc.collect()
+    assert len(kept.compiled) == 2
+    # One jitted function called with each new shape keeps them all: about 230 more each.
+    assert mappings() < full + 60
+    kept.compiled.clear()
+    gc.collect()
+    assert mappings() < full - 300
 
 
 def test_the_least_recently_used_program_is_dropped():
@@ -132,7 +157,7 @@ def test_a_kept_program_keeps_its_most_recent_signatures(tmp_path, monkeypatch):
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
     use_compile_cache()
     try:
-        kept = KeptProgram(jax.jit(lambda x: x + 1), "plus-one", "x + 1")
+        kept = KeptProgram(lambda x: x + 1, "plus-one", "x + 1")
         for width in range(1, SIGNATURES + 3):
             kept(jnp.zeros(width))
         assert len(kept.compiled) == SIGNATURES

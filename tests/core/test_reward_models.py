@@ -13,7 +13,8 @@ from dew import cli
 from dew.hf import load_reward_model, load_tokenizer
 from dew.models.reward import TextScorer
 from dew.tasks import get_task
-from dew.train.config import ConfigError, TrainConfig, make_prompter
+from dew.train.assembly import make_prompter
+from dew.train.config import ConfigError, TrainConfig
 from dew.train.trainer import Trainer
 
 REWARD = Path(__file__).parent / "hf" / "qwen2-reward"

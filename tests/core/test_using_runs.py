@@ -13,7 +13,8 @@ from safetensors import safe_open
 
 from dew import cli
 from dew.hf import load_policy, load_tokenizer
-from dew.inference import _write_tokenizer, load_run
+from dew.inference import load_run
+from dew.inference.export import write_tokenizer
 from dew.train.restore import resolve_model
 
 CHAT = Path(__file__).parent / "hf" / "qwen2-chat"
@@ -182,7 +183,7 @@ def test_export_of_a_folder_without_checkpoints_creates_none(runs, capsys, tmp_p
 
 def test_a_gguf_files_tokenizer_is_written_out_whole(tmp_path):
     gguf = load_tokenizer(resolve_model("smollm2").path)
-    _write_tokenizer(gguf, tmp_path)
+    write_tokenizer(gguf, tmp_path)
     again = load_tokenizer(tmp_path)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12+30?"}]
     text = gguf.apply_chat_template(messages, True)

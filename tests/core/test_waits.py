@@ -5,6 +5,8 @@ import io
 from rich.console import Console
 
 from dew import cli
+from dew.commands import flags
+from dew.commands import train as train_command
 from dew.train.runlog import ProgressDisplay
 
 
@@ -25,7 +27,7 @@ def test_progress_says_the_first_step_compiles_then_shows_seconds_per_step_and_a
 def test_eval_says_it_loads_and_samples_on_a_terminal(capsys, monkeypatch):
     from dew.rollout.generate import SingleTurn
 
-    monkeypatch.setattr(cli, "_terminal", lambda: True)
+    monkeypatch.setattr(flags, "_terminal", lambda: True)
     closed = []
     monkeypatch.setattr(SingleTurn, "close", lambda self: closed.append(self))
     argv = ["eval", "--model", "tiny", "--prompts", "2", "--k", "2"]
@@ -38,7 +40,7 @@ def test_eval_says_it_loads_and_samples_on_a_terminal(capsys, monkeypatch):
 
 def test_an_interrupted_run_names_the_command_that_continues_it(tmp_path):
     (tmp_path / "checkpoints" / "3").mkdir(parents=True)
-    assert cli._interrupted(tmp_path) == (
+    assert train_command._interrupted(tmp_path) == (
         "dew: interrupted; the last checkpoint is kept; continue with: "
         f"dew train --resume --out {tmp_path}"
     )

@@ -28,7 +28,8 @@ from flax import nnx
 
 from dew import cli
 from dew.hf import load_policy, load_reward_model, load_tokenizer, save_policy, save_reward_model
-from dew.inference import _write_tokenizer, load_run
+from dew.inference import load_run
+from dew.inference.export import write_tokenizer
 from dew.models.llama import build
 from dew.models.lora import add_lora, merge_lora
 from dew.models.registry import resolve_model
@@ -162,7 +163,7 @@ def reward_case(out: Path, seed: int) -> dict:
     np.savez(out / "qwen2-reward" / "dew.npz", tokens=want["tokens"], lengths=want["lengths"],
              scores=np.asarray(scores))  # fmt: skip
     tokenizer = load_tokenizer(fixture)
-    _write_tokenizer(tokenizer, folder)  # what `dew export` writes for a non-folder tokenizer
+    write_tokenizer(tokenizer, folder)  # what `dew export` writes for a non-folder tokenizer
     return {"kind": "reward", "fixture": "qwen2-reward", "change": "noise",
             "tokenizer": tokenizer_record(tokenizer, fixture)}  # fmt: skip
 
@@ -253,7 +254,7 @@ def gguf_case(out: Path, rows: np.ndarray) -> dict:
     folder = out / "smollm2" / "model"
     save_policy(policy, folder)
     tokenizer = load_tokenizer(gguf)
-    _write_tokenizer(tokenizer, folder)  # what `dew export` writes for a GGUF model
+    write_tokenizer(tokenizer, folder)  # what `dew export` writes for a GGUF model
     tokens = rows[:2, :12] % policy.config.vocab_size
     np.savez(out / "smollm2" / "dew.npz", tokens=tokens, logits=logits_of(policy, tokens))
     return {"kind": "policy", "fixture": "smollm2 (GGUF, Q4_1 dequantized)", "change": "none",

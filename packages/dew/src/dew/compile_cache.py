@@ -136,29 +136,39 @@ def _root(kind: type) -> str:
 
 
 class KeptProgram:
-    """`jitted` called through compiled programs that the compile cache keeps whole.
+    """`jax.jit(fun, **jit_options)` called through one compiled program per argument signature.
 
-    With the cache off (`use_compile_cache(False)`), or under a transformation (traced
-    arguments), or with `identity` None (`program_identity`), a call is `jitted`'s. With the
-    cache on, the first call with new argument shapes loads the compiled program from
-    `dew-programs/<key>` or, when there is none, compiles it and writes it there
-    (`jax.experimental.serialize_executable`); later calls with those shapes reuse it, the
-    `SIGNATURES` most recently used kept. The key hashes `name`, `identity`, the arguments'
-    tree, shapes, dtypes and shardings, the devices, `XLA_FLAGS`, JAX's tracing settings, the
-    versions of JAX, jaxlib, Flax and optax and every source file of the `dew` packages. A file
-    that does not load is compiled again and replaced; one that cannot be written is skipped; a
-    compile that JAX's own cache served is used and not written (`_compiled_fresh`). One process
-    of a run of several keeps nothing: the programs are compiled across them.
+    Each signature (the arguments' tree, shapes, dtypes, weak types and shardings) gets a program
+    of its own, compiled from a new jitted function of `fun`, and the `SIGNATURES` most recently
+    used are kept. JAX's caches hold a jitted function's executables, one per shape, by a weak
+    reference to its function, for as long as the function lives: a program per signature is
+    freed whole when it is dropped, where one jitted function called with ever new shapes (a
+    notebook sweeping batch sizes) holds every executable it ever compiled.
+
+    With the compile cache on, the first call with a new signature loads the compiled program
+    from `dew-programs/<key>` or, when there is none, compiles it and writes it there
+    (`jax.experimental.serialize_executable`). The key hashes `name`, `identity`, the
+    signature, the devices, `XLA_FLAGS`, JAX's tracing settings, the versions of JAX, jaxlib,
+    Flax and optax and every source file of the `dew` packages. A file that does not load is
+    compiled again and replaced; one that cannot be written is skipped; a compile that JAX's own
+    cache served is used and not written (`_compiled_fresh`). With `identity` None
+    (`program_identity`) nothing is written. Under a transformation (traced arguments), and in a
+    run of several processes (whose programs are compiled across them), a call is `jitted`'s.
 
     Examples:
       >>> import jax, jax.numpy as jnp
-      >>> double = KeptProgram(jax.jit(lambda x: 2 * x), "double", "2x")
-      >>> double(jnp.arange(3))
-      Array([0, 2, 4], dtype=int32)
+      >>> double = KeptProgram(lambda x: 2 * x, "double", "2x")
+      >>> double(jnp.arange(3)), double(jnp.arange(2.0))
+      (Array([0, 2, 4], dtype=int32), Array([0., 2.], dtype=float32))
+      >>> len(double.compiled)
+      2
     """
 
-    def __init__(self, jitted: Callable, name: str, identity: str | None):
-        self.jitted, self.name, self.identity = jitted, name, identity
+    def __init__(self, fun: Callable, name: str, identity: str | None, **jit_options):
+        import jax
+
+        self.fun, self.name, self.identity, self.jit_options = fun, name, identity, jit_options
+        self.jitted = jax.jit(fun, **jit_options)
         self.compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self._lock = threading.Lock()  # a sampler ahead calls from its own thread
 
@@ -166,19 +176,13 @@ class KeptProgram:
         import jax
 
         leaves, tree = jax.tree.flatten(args)
-        folder = _programs
-        if (
-            folder is None
-            or self.identity is None
-            or jax.process_count() > 1
-            or any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
-        ):
+        if jax.process_count() > 1 or any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self.jitted(*args)
         signature = (tree, tuple(map(_leaf_signature, leaves)))
         with self._lock:
             compiled = self.compiled.get(signature)
             if compiled is None:
-                compiled = self._load_or_compile(folder, signature, args)
+                compiled = self._load_or_compile(signature, args)
                 self.compiled[signature] = compiled
                 while len(self.compiled) > SIGNATURES:
                     self.compiled.popitem(last=False)
@@ -186,9 +190,19 @@ class KeptProgram:
                 self.compiled.move_to_end(signature)
         return compiled(*args)
 
-    def _load_or_compile(self, folder: Path, signature: tuple, args):
+    def _fresh(self) -> Callable:
+        """A new jitted function of `fun`, whose executables live only as long as it does."""
+        import jax
+
+        return jax.jit(functools.partial(self.fun), **self.jit_options)
+
+    def _load_or_compile(self, signature: tuple, args):
         from jax.experimental import serialize_executable
 
+        folder = _programs
+        if folder is None or self.identity is None:
+            watch_mappings()
+            return self._fresh().lower(*args).compile()
         key = hashlib.sha256(
             "\n".join([self.name, self.identity, repr(signature), _environment()]).encode()
         ).hexdigest()
@@ -204,7 +218,7 @@ class KeptProgram:
         except Exception:  # absent, truncated or from an older layout: compile it again
             pass
         watch_mappings()
-        compiled, served = _compiled_fresh(self.jitted, args)
+        compiled, served = _compiled_fresh(self._fresh(), args)
         if served or path in _unkept:
             _unkept.add(path)  # and the same executable may come back from JAX's memory
             return compiled

@@ -595,6 +595,7 @@ def extend_state(
     counts: jax.Array,
     *,
     kv_cache: bool = True,
+    donate: bool = False,
 ) -> SamplerState:
     """`state` with `tokens[b, :counts[b]]` appended to row `b` and fed to the cache.
 
@@ -602,6 +603,8 @@ def extend_state(
     positions (and the row's last drawn token before them), one pass of the model's `extend`, the
     prefix already cached never recomputed. A row given tokens is live again, a row given none
     (`counts[b] == 0`) is left as it was. The caller keeps `lengths + counts` within the width.
+    With `donate` the call takes the state's buffers and writes the cache in place, as
+    `continue_state` does: a chat that appends one token at a time copies no cache.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -615,17 +618,17 @@ def extend_state(
       ([[1, 5, 7, 8, 0], [1, 6, 0, 0, 0]], [4, 2])
     """
     _check_appended(state, tokens, counts)
-    return _extend_program(graphdef, kv_cache)(params, state, tokens, counts)
+    return _extend_program(graphdef, kv_cache, donate)(params, state, tokens, counts)
 
 
 @_per_model
-def _extend_program(graphdef: nnx.GraphDef, kv_cache: bool):
+def _extend_program(graphdef: nnx.GraphDef, kv_cache: bool, donate: bool = False):
     def run(params, state, tokens, counts):
         count_trace("extend_state")
         model = nnx.merge(graphdef, params)
         return _extended(model, state, tokens, counts, kv_cache=kv_cache)
 
-    return jax.jit(run)
+    return jax.jit(run, donate_argnums=(1,) if donate else ())
 
 
 def sample_state(
@@ -668,8 +671,8 @@ def sample_state(
 @_per_model
 def _sampler(graphdef: nnx.GraphDef, settings: tuple) -> KeptProgram:
     """The compiled `_sample_state` of a model and its settings after `graphdef`, in order."""
-    jitted = jax.jit(functools.partial(_sample_state, graphdef, *settings))
-    return KeptProgram(jitted, "sample", program_identity(graphdef, *settings))
+    run = functools.partial(_sample_state, graphdef, *settings)
+    return KeptProgram(run, "sample", program_identity(graphdef, *settings))
 
 
 def _sample_state(

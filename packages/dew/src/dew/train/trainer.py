@@ -53,6 +53,7 @@ from dew.train._heap import release_freed, settle, unsettle
 from dew.train._memory import check_memory
 from dew.train._pipeline import AheadSampler, Placement, RemoteSampler, serve, staleness_metrics
 from dew.train._precision import cast_compiled, cast_floating
+from dew.train.assembly import assemble, with_data
 from dew.train.callbacks import (
     Callback,
     Checkpointing,
@@ -63,16 +64,7 @@ from dew.train.callbacks import (
     StepRecord,
 )
 from dew.train.checkpoint import Checkpoints
-from dew.train.config import (
-    ConfigError,
-    RunOptions,
-    TrainConfig,
-    make_prompter,
-    make_rollouts,
-    resolve_objective_and_task,
-    validate,
-    with_data,
-)
+from dew.train.config import ConfigError, RunOptions, TrainConfig
 from dew.train.restore import resolve_model
 from dew.train.runlog import default_run_dir, read_config, write_config
 from dew.train.runs import RunEnd
@@ -194,16 +186,15 @@ class Trainer:
             tokenizer = source.tokenizer()
         except ValueError as error:
             raise ConfigError(str(error)) from error
-        self.objective, self.task = resolve_objective_and_task(config, objective, task)
-        self.prompter = make_prompter(config, self.task, tokenizer)
-        validate(config, self.objective)
+        parts = assemble(config, tokenizer, objective=objective, task=task, rollouts=rollouts)
+        self.objective, self.task, self.prompter = parts.objective, parts.task, parts.prompter
+        self.rollouts: Rollouts = parts.rollouts
         _warn_uncorrected(config, self.objective)
         _check_context(self.prompter, architecture)
         devices = _learner_devices(config)
         width, new_tokens = self.prompter.width, self.prompter.max_new_tokens
         rows = self.objective.source.rows(config.rollout.prompts, config.rollout.group)
         check_memory(source, config, width, new_tokens, devices, rows)  # before anything is written
-        self.rollouts: Rollouts = rollouts or make_rollouts(config)
         self._owns_rollouts = rollouts is None  # a caller's own rollouts are the caller's to close
         self.config, self.started = config, time.perf_counter()
         self.run_dir = Path(config.run.out) if config.run.out else default_run_dir()

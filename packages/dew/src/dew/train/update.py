@@ -518,6 +518,12 @@ def _with_numbers(program: Callable, spec: UpdateSpec) -> Callable:
     def update(params, opt_state, frozen, ref_params, batch, packing=None):
         return program(params, opt_state, frozen, ref_params, batch, packing, numbers)
 
+    def lower(params, opt_state, frozen, ref_params, batch, packing=None):
+        """The update lowered for these arguments or their shapes: its cost and memory."""
+        return program.jitted.lower(params, opt_state, frozen, ref_params, batch, packing, numbers)
+
+    if isinstance(program, KeptProgram):  # one laid out on a mesh compiles at its first call
+        update.lower = lower
     return update
 
 
@@ -613,7 +619,7 @@ def _update_program(spec: UpdateSpec) -> Callable:
 
     identity = program_identity(spec.graphdef, *_settings(spec))
     if spec.mesh is None:
-        return KeptProgram(jax.jit(update, donate_argnums=(0, 1)), "update", identity)
+        return KeptProgram(update, "update", identity, donate_argnums=(0, 1))
     compiled = None
 
     def laid_out_update(params, opt_state, frozen, ref_params, batch, packing, numbers):
@@ -624,8 +630,8 @@ def _update_program(spec: UpdateSpec) -> Callable:
                 param_shardings(opt_state, spec.mesh, spec.fsdp),
                 replicated(spec.mesh),
             )
-            jitted = jax.jit(update, out_shardings=shardings, donate_argnums=(0, 1))
-            compiled = KeptProgram(jitted, "update", identity)
+            options = {"out_shardings": shardings, "donate_argnums": (0, 1)}
+            compiled = KeptProgram(update, "update", identity, **options)
         return compiled(params, opt_state, frozen, ref_params, batch, packing, numbers)
 
     return laid_out_update
@@ -680,7 +686,7 @@ def make_reference(spec: UpdateSpec, group: int, shared_prefix: int):
 
     settings = (spec.memory, spec.compute_dtype, spec.temperature, group, shared_prefix)
     identity = program_identity(spec.graphdef, *settings)
-    return KeptProgram(jax.jit(reference), "reference", identity)
+    return KeptProgram(reference, "reference", identity)
 
 
 def _settings(spec: UpdateSpec) -> tuple:
