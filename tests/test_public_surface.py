@@ -57,7 +57,7 @@ ROOM_PUBLIC: dict[str, set[str]] = {
     "dew.commands.train": {"run", "train_parser"},
     "dew.compile_cache": {
         "preload_programs",
-        "SIGNATURES",
+        "KEPT", "SIGNATURES",
         "KeptProgram",
         "default_cache_dir",
         "program_identity",

@@ -68,10 +68,10 @@ def test_a_kept_program_called_with_ever_new_shapes_holds_its_last_signatures_al
     for width in (11, 12):  # each drops the oldest: the count stays level
         kept(np.ones((width, width), np.float32)).block_until_ready()
     gc.collect()
-    assert len(kept.compiled) == 2
+    assert kept.signatures == 2
     # One jitted function called with each new shape keeps them all: about 230 more each.
     assert mappings() < full + 60
-    kept.compiled.clear()
+    del kept  # and its programs with it
     gc.collect()
     assert mappings() < full - 300
 
@@ -160,9 +160,21 @@ def test_a_kept_program_keeps_its_most_recent_signatures(tmp_path, monkeypatch):
         kept = KeptProgram(lambda x: x + 1, "plus-one", "x + 1")
         for width in range(1, SIGNATURES + 3):
             kept(jnp.zeros(width))
-        assert len(kept.compiled) == SIGNATURES
+        assert kept.signatures == SIGNATURES
     finally:
         use_compile_cache(False)
+
+
+def test_the_processs_kept_programs_are_bounded_together(monkeypatch):
+    monkeypatch.setattr(compile_cache, "KEPT", 3)
+    first = KeptProgram(lambda x: x + 1, "plus-one", None)
+    second = KeptProgram(lambda x: x * 2, "double", None)
+    first(np.zeros(1)), first(np.zeros(2)), second(np.zeros(1))
+    assert (first.signatures, second.signatures) == (2, 1)
+    second(np.zeros(2))  # the process's oldest goes: first's of one element
+    assert (first.signatures, second.signatures) == (1, 2)
+    np.testing.assert_array_equal(first(np.zeros(1)), [1.0])  # compiled again, the same
+    assert (first.signatures, second.signatures) == (1, 2)  # and first's of two went
 
 
 def test_a_learning_rate_sweep_traces_the_update_once():

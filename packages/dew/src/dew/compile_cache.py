@@ -21,10 +21,12 @@ import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import itertools
 import os
 import pickle
 import re
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ import platformdirs
 from dew.programs import watch_mappings
 
 __all__ = [
+    "KEPT",
     "SIGNATURES",
     "KeptProgram",
     "default_cache_dir",
@@ -44,6 +47,13 @@ __all__ = [
 
 SIGNATURES = 8
 """How many argument signatures (shapes, dtypes, layouts) a `KeptProgram` keeps programs for."""
+
+KEPT = 32
+"""How many compiled programs the process's `KeptProgram`s keep together, the least recently
+used dropped first: a run calls about four (its sampler, evaluation, update and reference
+pass), an episode run a dozen, and on XLA:CPU each holds about three memory mappings per
+kernel (`dew.programs`), so the kept programs of a notebook sweeping shapes stay a few
+thousand mappings however many runs it makes."""
 
 _programs: Path | None = None
 """The folder of kept programs while the compile cache is on, else None."""
@@ -135,15 +145,68 @@ def _root(kind: type) -> str:
     return kind.__module__.split(".")[0]
 
 
+class _Kept:
+    """The compiled programs of every `KeptProgram`, keyed by the program's token and signature.
+
+    Least recently used first out: past `SIGNATURES` of one program, that program's oldest;
+    past `KEPT` in all, the process's oldest. One lock over every lookup, so a program dropped
+    by another thread's call is never half-found.
+    """
+
+    def __init__(self):
+        self.programs: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self.counts: collections.Counter[int] = collections.Counter()
+        self.lock = threading.Lock()
+
+    def get(self, token: int, signature: tuple):
+        """The kept program of `token` and `signature`, now the most recently used, or None."""
+        with self.lock:
+            compiled = self.programs.get((token, signature))
+            if compiled is not None:
+                self.programs.move_to_end((token, signature))
+            return compiled
+
+    def put(self, token: int, signature: tuple, compiled) -> None:
+        """Keep `compiled`, dropping what the two bounds leave no room for."""
+        with self.lock:
+            self.programs[token, signature] = compiled
+            self.counts[token] += 1
+            if self.counts[token] > SIGNATURES:
+                self._drop(next(key for key in self.programs if key[0] == token))
+            while len(self.programs) > KEPT:
+                self._drop(next(iter(self.programs)))
+
+    def forget(self, token: int) -> None:
+        """Drop every program of `token`'s (its `KeptProgram` is gone)."""
+        with self.lock:
+            for key in [key for key in self.programs if key[0] == token]:
+                self._drop(key)
+
+    def count(self, token: int) -> int:
+        """How many programs of `token`'s are kept."""
+        return self.counts[token]
+
+    def _drop(self, key: tuple) -> None:
+        del self.programs[key]
+        self.counts[key[0]] -= 1
+        if not self.counts[key[0]]:
+            del self.counts[key[0]]
+
+
+_kept = _Kept()
+_tokens = itertools.count()
+
+
 class KeptProgram:
     """`jax.jit(fun, **jit_options)` called through one compiled program per argument signature.
 
     Each signature (the arguments' tree, shapes, dtypes, weak types and shardings) gets a program
-    of its own, compiled from a new jitted function of `fun`, and the `SIGNATURES` most recently
-    used are kept. JAX's caches hold a jitted function's executables, one per shape, by a weak
-    reference to its function, for as long as the function lives: a program per signature is
-    freed whole when it is dropped, where one jitted function called with ever new shapes (a
-    notebook sweeping batch sizes) holds every executable it ever compiled.
+    of its own, compiled from a new jitted function of `fun`. JAX's caches hold a jitted
+    function's executables, one per shape, by a weak reference to its function, for as long as
+    the function lives: a program per signature is freed whole when it is dropped, where one
+    jitted function called with ever new shapes (a notebook sweeping batch sizes) holds every
+    executable it ever compiled. A `KeptProgram` keeps its `SIGNATURES` most recently used, and
+    the process's `KeptProgram`s keep `KEPT` together; one that is dropped frees its own.
 
     With the compile cache on, the first call with a new signature loads the compiled program
     from `dew-programs/<key>` or, when there is none, compiles it and writes it there
@@ -160,7 +223,7 @@ class KeptProgram:
       >>> double = KeptProgram(lambda x: 2 * x, "double", "2x")
       >>> double(jnp.arange(3)), double(jnp.arange(2.0))
       (Array([0, 2, 4], dtype=int32), Array([0., 2.], dtype=float32))
-      >>> len(double.compiled)
+      >>> double.signatures
       2
     """
 
@@ -169,8 +232,14 @@ class KeptProgram:
 
         self.fun, self.name, self.identity, self.jit_options = fun, name, identity, jit_options
         self.jitted = jax.jit(fun, **jit_options)
-        self.compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
-        self._lock = threading.Lock()  # a sampler ahead calls from its own thread
+        self.token = next(_tokens)
+        self._lock = threading.Lock()  # one compile of a signature, whichever thread asks first
+        weakref.finalize(self, _kept.forget, self.token)
+
+    @property
+    def signatures(self) -> int:
+        """How many signatures' programs are kept."""
+        return _kept.count(self.token)
 
     def __call__(self, *args):
         import jax
@@ -179,15 +248,13 @@ class KeptProgram:
         if jax.process_count() > 1 or any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self.jitted(*args)
         signature = (tree, tuple(map(_leaf_signature, leaves)))
-        with self._lock:
-            compiled = self.compiled.get(signature)
-            if compiled is None:
-                compiled = self._load_or_compile(signature, args)
-                self.compiled[signature] = compiled
-                while len(self.compiled) > SIGNATURES:
-                    self.compiled.popitem(last=False)
-            else:
-                self.compiled.move_to_end(signature)
+        compiled = _kept.get(self.token, signature)
+        if compiled is None:
+            with self._lock:
+                compiled = _kept.get(self.token, signature)
+                if compiled is None:
+                    compiled = self._load_or_compile(signature, args)
+                    _kept.put(self.token, signature, compiled)
         return compiled(*args)
 
     def _fresh(self) -> Callable:

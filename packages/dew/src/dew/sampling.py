@@ -500,7 +500,7 @@ def _prefill_program(graphdef: nnx.GraphDef, settings: tuple):
             group=group,
         )  # fmt: skip
 
-    return jax.jit(run)
+    return KeptProgram(run, "prefill", None)
 
 
 def continue_state(
@@ -575,7 +575,7 @@ def _continue_program(graphdef: nnx.GraphDef, settings: tuple, donate: bool = Fa
 
         return _in_head_slots(turn, state, attended)
 
-    return jax.jit(run, donate_argnums=(1,) if donate else ())
+    return KeptProgram(run, "continue", None, donate_argnums=(1,) if donate else ())
 
 
 def _check_appended(state: SamplerState, tokens: jax.Array, counts: jax.Array) -> None:
@@ -628,7 +628,7 @@ def _extend_program(graphdef: nnx.GraphDef, kv_cache: bool, donate: bool = False
         model = nnx.merge(graphdef, params)
         return _extended(model, state, tokens, counts, kv_cache=kv_cache)
 
-    return jax.jit(run, donate_argnums=(1,) if donate else ())
+    return KeptProgram(run, "extend", None, donate_argnums=(1,) if donate else ())
 
 
 def sample_state(
