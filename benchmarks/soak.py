@@ -2,7 +2,7 @@
 
 Run by hand from the repository root (Linux: it reads `/proc/self/maps` and `/proc/self/status`):
 
-    uv run python benchmarks/soak.py            # about 10 minutes on a 2-core CPU
+    uv run python benchmarks/soak.py            # about 25 minutes on a 2-core CPU under load
 
 In one process, as a notebook sweeping settings would:
 - `runs`: 50 successive one-step `train()` calls of the built-in `tiny` model, each of another
@@ -15,12 +15,19 @@ memory. Dew keeps its compiled programs in bounded caches (`dew.programs`), one 
 and settings, and the learning-rate sweep should add nothing (the rate is an argument of the
 compiled update, `dew.train.update.SWEPT`).
 
-What it showed on 2 cores under load (6 December 2026, stopped after 30 runs): 14,409 mappings
-and 1,019 MiB after 10 runs, 27,858 and 1,407 after 20, 41,289 and 1,787 after 30, about 1,345
-mappings a new shape. The caches bound the programs, not the shapes one program is called with:
-JAX keeps an executable per argument shape inside each jitted function, freed only with the
-function, and these runs change the batch's shape, not the settings. Programs per signature,
-each its own jitted function evicted whole, would bound that too.
+What it showed (2 cores, load 4 to 7 from a test run beside it, 6 December 2026):
+- runs, before each signature was a program of its own: 14,409 mappings and 1,019 MiB after
+  10 runs, 27,858 and 1,407 after 20, 41,289 and 1,787 after 30 (stopped there), about 1,345
+  mappings a new shape: JAX keeps an executable per argument shape inside each jitted function,
+  freed only with the function.
+- runs, with a jitted function per signature and `dew.compile_cache.KEPT` programs kept in all:
+  11,985 mappings and 862 MiB after 10 runs, 11,982 and 933 after 20, 11,942 and 986 after 40,
+  11,904 and 1,000 after 50, 12,004 and 978 after the 10 of the learning-rate sweep: level.
+- samplers: 13,580 mappings and 1,232 MiB after 10 new models, 18,432 and 1,996 after 40,
+  20,655 and 2,257 after 50, about 220 mappings and 25 MiB a new width, still growing. Dew's
+  programs are not what grows: building a model draws its weights op by op, and JAX keeps each
+  of its jitted `jax.random` functions compiled for every new shape (`jax.clear_caches()`
+  gives back all but about 100 of the 4,084 mappings that 20 new widths add).
 
 Prints a table every ten calls and writes `benchmarks/results/soak.json`.
 """

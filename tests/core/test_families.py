@@ -334,8 +334,8 @@ def test_reward_model_scores_equal_transformers_at_each_rows_last_token():
 
 @pytest.mark.parametrize(
     "module",
-    ["sampling", "inference", "hf", "models/outputs", "models/lora", "models/registry",
-     "models/reward", "train/_packing", "train/update"],
+    ["sampling", "inference/run", "inference/export", "inference/chat", "hf", "models/outputs",
+     "models/lora", "models/registry", "models/reward", "train/_packing", "train/update"],
 )  # fmt: skip
 def test_consumers_are_typed_against_the_protocol_not_one_family(module):
     source = (Path(__file__).parents[2] / "packages/dew/src/dew" / f"{module}.py").read_text()
