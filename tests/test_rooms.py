@@ -80,8 +80,11 @@ def page_arrows() -> dict[str, set[str]]:
 def test_the_page_lists_each_rooms_imports_as_the_code_has_them():
     code, page = code_arrows(), page_arrows()
     assert sorted(page) == sorted(code), "rows: one per room"
-    wrong = {room: (sorted(code[room] - page[room]), sorted(page[room] - code[room])) for room in code
-             if code[room] != page[room]}  # fmt: skip
+    wrong = {
+        room: (sorted(code[room] - page[room]), sorted(page[room] - code[room]))
+        for room in code
+        if code[room] != page[room]
+    }
     assert not wrong, f"room: (imported but not on the page, on the page but not imported) {wrong}"
 
 

@@ -198,6 +198,27 @@ def test_a_learning_rate_sweep_traces_the_update_once():
         np.testing.assert_allclose(jax.tree.leaves(steps[lr])[0], leaf * lr / 1e-2, rtol=1e-3)
 
 
+def test_a_temperature_sweep_traces_the_sampler_once():
+    graphdef, params = nnx.split(build(SIZES["tiny"], 0))
+    prompts, lengths = jnp.array([[1, 5, 3], [1, 6, 3]]), jnp.array([3, 3])
+    drawn, before = {}, TRACES.get("sample", 0)
+    for temperature in (0.5, 0.7, 1.3):
+        out = sampling.sample_state(
+            graphdef,
+            params,
+            prompts,
+            lengths,
+            jax.random.key(0),
+            max_new_tokens=6,
+            temperature=temperature,
+            stop_ids=(),
+        )
+        drawn[temperature] = np.asarray(out.behavior_log_probs)
+    assert TRACES["sample"] - before == 1
+    # Each temperature is the one applied: a cooler draw is surer of its token.
+    assert drawn[0.5].sum() > drawn[0.7].sum() > drawn[1.3].sum()
+
+
 def test_the_count_is_read_at_most_once_a_while(monkeypatch, tmp_path):
     (tmp_path / "maps").write_text("mapping\n" * 10)
     monkeypatch.setattr(programs, "_MAPS", tmp_path / "maps")

@@ -288,8 +288,11 @@ def test_the_sampler_loop_carries_the_joined_kernels_not_their_parts():
     # kernels are [32, 16], gate and up [32, 64]; joined, q/k/v is [32, 64] and gate/up [32, 128].
     graphdef, params = nnx.split(MODEL)
     padded, lengths, _ = prompts_and_lengths(rows=8)
-    sampler = jax.jit(functools.partial(_sample_state, graphdef, 5, 1.0, 1.0, (EOS,), PAD, True, 1))
-    compiled = sampler.lower(params, padded, lengths, jax.random.key(0)).compile().as_text()
+    settings = (5, False, 1.0, (EOS,), PAD, True, 1)  # sampled, not greedy
+    sampler = jax.jit(functools.partial(_sample_state, graphdef, *settings))
+    temperature = np.float32(1.0)
+    compiled = sampler.lower(params, padded, lengths, jax.random.key(0), temperature)
+    compiled = compiled.compile().as_text()
     (loop,) = [
         line for line in compiled.splitlines() if " while(" in line and "f32[32,128]" in line
     ]

@@ -189,8 +189,11 @@ def choose_tokens(logits, keys, temperature, top_p):
       >>> token, log_prob = choose_tokens(logits, keys, 1.0, 0.5)  # row 1 draws 0 or 2 evenly
       >>> int(token[0]), log_prob.round(3)
       (1, Array([ 0.   , -0.693], dtype=float32))
+
+    A temperature given as an array (a compiled sampler's argument) is never greedy: the number
+    0 alone decodes greedily, so one program serves every temperature above it.
     """
-    if temperature == 0.0:
+    if isinstance(temperature, int | float) and temperature == 0.0:
         return _first_max(logits), jnp.zeros(logits.shape[0])
     logp = _sampling_log_probs(logits, temperature, top_p)
     noise = jax.vmap(lambda key: jax.random.gumbel(key, logp.shape[-1:], logp.dtype))(keys)
@@ -529,7 +532,8 @@ def continue_state(
     plus what the call adds, rounded up to a power of two or three quarters of one), so an
     episode's early turns do not pay for its later ones. With `donate` the call takes the
     state's buffers (`state` cannot be read after it) and writes the cache in place instead of
-    copying it first.
+    copying it first. The temperature is the program's argument (0, greedy, a program of its
+    own), so an episode run at another temperature compiles nothing new.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -551,19 +555,20 @@ def continue_state(
     if kv_cache:
         attended = _attended(_largest(state.lengths) + reach, state.tokens.shape[1])
     stop_ids = tuple(int(s) for s in stop_ids)
-    settings = (
-        max_new_tokens, float(temperature), float(top_p), stop_ids, pad_id, kv_cache, attended
-    )  # fmt: skip
-    return _continue_program(graphdef, settings, donate)(params, state, key, appended)
+    greedy = temperature == 0
+    settings = (max_new_tokens, greedy, float(top_p), stop_ids, pad_id, kv_cache, attended)
+    program = _continue_program(graphdef, settings, donate)
+    return program(params, state, key, appended, np.float32(temperature))
 
 
 @_per_model
 def _continue_program(graphdef: nnx.GraphDef, settings: tuple, donate: bool = False):
-    max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache, attended = settings
+    max_new_tokens, greedy, top_p, stop_ids, pad_id, kv_cache, attended = settings
 
-    def run(params, state, key, appended):
+    def run(params, state, key, appended, temperature):
         count_trace("continue_state")
         model = nnx.merge(graphdef, params)
+        temperature = 0.0 if greedy else temperature
 
         def turn(state):
             if appended is not None:
@@ -651,7 +656,8 @@ def sample_state(
     `group` > 1 says the rows come in groups of `group` adjacent rows with the same prompt (a
     rollout's): the KV-cache prefill then runs once per group and each row decodes from its
     group's cache. One program per model and settings, kept whole by the compile cache
-    (`dew.compile_cache.KeptProgram`).
+    (`dew.compile_cache.KeptProgram`); the temperature is the program's argument, so a sweep of
+    temperatures above 0 compiles it once.
 
     Examples:
       >>> from dew.models.registry import SIZES
@@ -664,8 +670,9 @@ def sample_state(
       ((2, 5), [2, 2])
     """
     stop_ids = tuple(int(s) for s in stop_ids)
-    settings = (max_new_tokens, temperature, top_p, stop_ids, pad_id, kv_cache, group)
-    return _sampler(graphdef, settings)(params, prompts, prompt_lengths, key)
+    settings = (max_new_tokens, temperature == 0, top_p, stop_ids, pad_id, kv_cache, group)
+    program = _sampler(graphdef, settings)
+    return program(params, prompts, prompt_lengths, key, np.float32(temperature))
 
 
 @_per_model
@@ -678,7 +685,7 @@ def _sampler(graphdef: nnx.GraphDef, settings: tuple) -> KeptProgram:
 def _sample_state(
     graphdef: nnx.GraphDef,
     max_new_tokens: int,
-    temperature: float,
+    greedy: bool,
     top_p: float,
     stop_ids: tuple[int, ...],
     pad_id: int,
@@ -688,8 +695,10 @@ def _sample_state(
     prompts: jax.Array,
     prompt_lengths: jax.Array,
     key: jax.Array,
+    temperature: jax.Array,
 ) -> Samples:
     count_trace("sample")
+    temperature = 0.0 if greedy else temperature
     model = nnx.merge(graphdef, params)
     batch, width = prompts.shape
     _check_settings(model.context_length, batch, width + max_new_tokens, width, group, stop_ids)
