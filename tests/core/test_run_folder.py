@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -262,3 +263,30 @@ def test_running_out_of_memory_names_the_settings_to_lower(capsys, tmp_path, mon
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "out of memory at step 1: lower --prompts (4) or --group (8)" in err
+
+
+def test_a_failed_write_that_asyncio_logs_without_a_traceback_is_left_out(caplog):
+    import asyncio
+    import gc
+
+    from dew.train import checkpoint
+
+    checkpoint._orbax()  # the filters go on with Orbax
+
+    async def writes():
+        loop = asyncio.get_running_loop()
+        failed = loop.create_future()  # as TensorStore fails one: set from C++, no traceback
+        failed.set_exception(ValueError("Failed writing: [os_error_code='27']"))
+
+        async def users():
+            raise KeyError("a reward's own bug")
+
+        task = loop.create_task(users())
+        await asyncio.sleep(0)
+        del failed, task
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(writes())
+        gc.collect()
+    logged = [record.exc_info[1] for record in caplog.records if record.exc_info]
+    assert [type(error) for error in logged] == [KeyError]  # the user's, with its traceback

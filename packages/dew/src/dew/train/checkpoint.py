@@ -198,14 +198,18 @@ def _orbax():
 
 
 def _reraised(record: logging.LogRecord) -> bool:
-    """Whether to print a log record: not the tracebacks of Orbax's failed writes.
+    """Whether to print a log record: not Orbax's failed writes, which the run reports itself.
 
-    An Orbax thread that fails logs its exception with its traceback (and asyncio logs the
-    tasks of its other writes, "Task exception was never retrieved"), then the save or restore
-    that waits for it raises the same exception, which the run reports in one line.
+    An Orbax thread that fails logs its exception with its traceback, and asyncio logs the
+    futures and tasks of its other writes ("Future exception was never retrieved"); a future
+    that TensorStore failed holds an exception set from C++, with no traceback at all. Then
+    the save or restore that waits for them raises the same exception, which the run reports in
+    one line. An exception with a traceback of none of Orbax's frames is the user's: printed.
     """
-    if not record.exc_info or record.exc_info[2] is None:
+    if not record.exc_info:
         return True
+    if record.exc_info[2] is None:
+        return record.name != "asyncio"
     orbax = f"{os.sep}orbax{os.sep}"
     frames = traceback.extract_tb(record.exc_info[2])
     return not (orbax in record.pathname or any(orbax in frame.filename for frame in frames))
