@@ -256,8 +256,9 @@ def add_config_flags(
     """Add one flag per option of `TrainConfig` and its sections, help and defaults from the code.
 
     A section's fields are flags of the same names (`rollout.top_p` is `--top-p`); booleans take
-    `--name` and `--no-name`. Each flag goes in `groups[SECTION]`, a top-level option's in
-    `groups[OPTION]` (`groups["model"]` holds `--model`).
+    `--name` and `--no-name`. Each flag goes in `groups[FIELD]` when there is one, else in
+    `groups[SECTION]`; a top-level option's in `groups[OPTION]` (`groups["model"]` holds
+    `--model`).
 
     Examples:
       >>> import collections
@@ -285,9 +286,8 @@ def add_config_flags(
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
             default = getattr(getattr(defaults, section), field.name)
-            _add_field(
-                groups[section], field.name, hints[field.name], described[field.name], default
-            )
+            group = groups.get(field.name) or groups[section]
+            _add_field(group, field.name, hints[field.name], described[field.name], default)
 
 
 def _add_field(

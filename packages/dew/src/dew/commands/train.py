@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = ["run", "train_parser"]
 
-# `dew train --help`'s groups in the order it shows them, each with the `TrainConfig` sections and
-# top-level options it holds; `train_parser` adds the flags that are not options (`--tool`,
-# `--quiet`, the processes', the objective's own).
+# `dew train --help`'s groups in the order it shows them, each with the `TrainConfig` sections,
+# top-level options and single fields (`report_to`, of the run's section) it holds;
+# `train_parser` adds the flags that are not options (`--tool`, `--quiet`, the processes',
+# the objective's own).
 _GROUPS = {
     "model": ("model", "lora", "precision"),
     "data and rewards": ("task", "data", "prompting"),
@@ -43,7 +44,7 @@ _GROUPS = {
     "memory": ("memory",),
     "processes": ("mesh",),
     "run folder": ("run",),
-    "reporting": ("evaluation",),
+    "reporting": ("evaluation", "report_to"),
 }
 
 
